@@ -1,0 +1,213 @@
+"""Agent behaviour: cap, timeout, errors named, non-blocking submit, event-driven get, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from tests.conftest import REWARDS
+from verl_async_rm.agent import RewardAgent
+from verl_async_rm.outcome import RewardError
+
+pytestmark = pytest.mark.quick
+EXAMPLES = str(REWARDS / "examples.py")
+
+
+def items(n, group_size=1, **extra):
+    return [{"solution_str": "a", "ground_truth": "a", "uid": i // group_size, **extra} for i in range(n)]
+
+
+class PeakCounter:
+    """Counts simultaneous calls inside the reward itself."""
+
+    def __init__(self, delay=0.01, sync=False):
+        self.delay, self.now, self.peak = delay, 0, 0
+        self.lock = threading.Lock()
+        if sync:
+            self.compute_score = self._sync
+
+    def _enter(self):
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def _exit(self):
+        with self.lock:
+            self.now -= 1
+
+    async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        self._enter()
+        await asyncio.sleep(self.delay)
+        self._exit()
+        return 1.0
+
+    def _sync(self, data_source, solution_str, ground_truth, extra_info=None):
+        self._enter()
+        time.sleep(self.delay)
+        self._exit()
+        return 1.0
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_concurrency_cap_is_never_exceeded_and_reached(sync):
+    counter = PeakCounter(sync=sync)
+    with RewardAgent(counter, {"max_concurrency": 5}) as agent:
+        chunk = agent.get_all(agent.submit(items(60), 1), timeout=30)
+        metrics = agent.metrics()
+    assert len(chunk) == 60
+    assert counter.peak == 5 and metrics["peak_in_flight"] == 5
+
+
+def test_submit_does_not_block_and_get_wakes_on_completion():
+    release = threading.Event()
+
+    def slow(data_source, solution_str, ground_truth, extra_info=None):
+        release.wait(10)
+        return 1.0
+
+    with RewardAgent(slow, {"max_concurrency": 4}) as agent:
+        start = time.perf_counter()
+        ticket = agent.submit(items(8, 4), 4)
+        assert time.perf_counter() - start < 0.5
+        with pytest.raises(TimeoutError):
+            agent.get(ticket, 4, timeout=0.2)  # nothing ready: times out, consumes nothing
+        assert agent.remaining(ticket) == 8
+        threading.Timer(0.1, release.set).start()
+        chunk = agent.get(ticket, 8, timeout=10)
+    assert chunk.indices == list(range(8)) and chunk.groups == 2
+
+
+def test_timeout_fails_the_sample_with_its_name_under_raise_policy():
+    async def hangs_on_3(data_source, solution_str, ground_truth, extra_info=None):
+        if extra_info["i"] == 3:
+            await asyncio.sleep(60)
+        return 1.0
+
+    config = {"request_timeout": 0.2, "failure_policy": "raise", "max_attempts": 1}
+    with RewardAgent(hangs_on_3, config) as agent:
+        batch = [{"solution_str": "x", "extra_info": {"i": i}, "uid": f"u{i}"} for i in range(6)]
+        ticket = agent.submit(batch, 1)
+        start = time.perf_counter()
+        with pytest.raises(RewardError, match=r"sample 3 \(ticket 0, uid 'u3'\).*TimeoutError"):
+            agent.get_all(ticket, timeout=10)
+        assert time.perf_counter() - start < 5
+        with pytest.raises(RewardError):  # the ticket stays failed
+            agent.get(ticket, 1, timeout=5)
+        assert agent.metrics()["failures_by_kind"] == {"timeout": 1}
+
+
+def test_invalid_return_is_named_and_flagged_under_neutral_policy():
+    def none_for_odd(data_source, solution_str, ground_truth, extra_info=None):
+        return None if extra_info["i"] % 2 else 2.0
+
+    with RewardAgent(none_for_odd) as agent:  # default policy: neutral
+        batch = [{"solution_str": "x", "extra_info": {"i": i}, "uid": "g"} for i in range(4)]
+        chunk = agent.get_all(agent.submit(batch, 4), timeout=10)
+    assert chunk.scores == [2.0, 2.0, 2.0, 2.0]  # failures take the group mean: zero advantage
+    assert chunk.extra_info["reward_failed"] == [0, 1, 0, 1]
+    assert chunk.extra_info["reward_failure"] == [None, "invalid", None, "invalid"]
+    assert "on sample 1" in chunk.extra_info["reward_error"][1] and "NoneType" in chunk.extra_info["reward_error"][1]
+
+
+def test_user_exception_is_not_retried_and_is_reported():
+    calls = []
+
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        calls.append(1)
+        raise KeyError("missing field")
+
+    with RewardAgent(broken, {"failure_policy": "raise", "max_attempts": 5}) as agent:
+        with pytest.raises(RewardError, match=r"broken on sample 0.*KeyError.*missing field"):
+            agent.get_all(agent.submit(items(1), 1), timeout=10)
+    assert len(calls) == 1
+
+
+def test_dict_extras_and_recipe_tuple_reach_the_chunk():
+    with RewardAgent.from_file(EXAMPLES, "recipe_tuple") as agent:
+        chunk = agent.get_all(agent.submit(items(2), 1))
+    assert chunk.scores == [0.5, 0.5] and chunk.extra_info["explanation"] == ["explained"] * 2
+    with RewardAgent.from_file(EXAMPLES, "async_plain") as agent:
+        chunk = agent.get_all(agent.submit(items(2), 1))
+    assert chunk.extra_info["judge"] == ["async", "async"]
+
+
+def test_class_hook_runs_per_group_in_sample_order():
+    with RewardAgent.from_file(EXAMPLES, "Stateful", reward_kwargs={"offset": 1.0}) as agent:
+        batch = [{"solution_str": str(i % 2), "ground_truth": "1", "uid": i // 3, "index": 10 + i} for i in range(6)]
+        chunk = agent.get_all(agent.submit(batch, 3))
+        instance = agent.reward.score_fn.__self__
+    assert chunk.scores == [10.0, 20.0, 10.0, 20.0, 10.0, 20.0]
+    assert sorted(instance.groups) == [[1.0, 2.0, 1.0], [2.0, 1.0, 2.0]]
+
+
+def test_process_pool_executor_scores_from_file():
+    with RewardAgent.from_file(EXAMPLES, "plain", {"executor": "process", "max_workers": 2}, reward_kwargs={"bonus": 1}) as agent:
+        chunk = agent.get_all(agent.submit(items(6), 1), timeout=60)
+    assert chunk.scores == [2.0] * 6
+
+
+def test_bad_input_and_config_fail_at_once():
+    with pytest.raises(ValueError, match="max_concurrency"):
+        RewardAgent(lambda **kw: 1, {"max_concurrency": -1})
+    with pytest.raises(ValueError, match="unknown_key"):
+        RewardAgent(lambda **kw: 1, {"unknown_key": 1})
+    with pytest.raises(ValueError, match="ticket_deadline"):
+        RewardAgent(lambda **kw: 1, {"ticket_deadline": 1, "request_timeout": 5})
+    with pytest.raises(ValueError, match="failure_policy"):
+        RewardAgent(lambda **kw: 1, {"failure_policy": "zero"})
+    with RewardAgent.from_file(EXAMPLES, "plain") as agent:
+        with pytest.raises(ValueError, match="needs a string 'solution_str'"):
+            agent.submit([{"solution_str": None}], 1)
+        with pytest.raises(ValueError, match="unknown keys"):
+            agent.submit([{"solution_str": "x", "respons": "y"}], 1)
+        with pytest.raises(ValueError, match="has 1 samples"):
+            agent.submit(items(3, 2), 2)
+        ticket = agent.submit(items(4, 2), 2)
+        with pytest.raises(ValueError, match="not a multiple of the group size 2"):
+            agent.get(ticket, 3)
+        with pytest.raises(KeyError, match="unknown ticket"):
+            agent.get(99, 2)
+        assert len(agent.get_all(ticket)) == 4
+        assert len(agent.get(ticket, 2)) == 0  # drained: empty, not an error
+        assert len(agent.get_all(agent.submit([], 1))) == 0
+
+
+def test_close_cancels_in_flight_fails_waiters_and_leaks_no_thread():
+    before = {t.name for t in threading.enumerate()}
+
+    async def forever(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(3600)
+
+    agent = RewardAgent(forever)
+    ticket = agent.submit(items(4), 1)
+    errors = []
+    waiter = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, agent.get_all, ticket)))
+    waiter.start()
+    time.sleep(0.1)
+    start = time.perf_counter()
+    agent.close()
+    waiter.join(5)
+    assert time.perf_counter() - start < 5 and not waiter.is_alive() and errors
+    assert "closed" in str(errors[0].value)
+    assert {t.name for t in threading.enumerate()} - before == set()
+    with pytest.raises(RuntimeError, match="closed"):
+        agent.submit(items(1), 1)
+    agent.close()  # idempotent
+
+
+def test_concurrent_submitters_from_many_threads():
+    with RewardAgent.from_file(EXAMPLES, "async_plain", {"max_concurrency": 32}) as agent:
+        results = {}
+
+        def worker(k):
+            ticket = agent.submit(items(40, 4), 4)
+            results[k] = agent.get_all(ticket, timeout=30)
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        [t.start() for t in threads]
+        [t.join(30) for t in threads]
+    assert sorted(results) == list(range(8))
+    assert all(c.indices == list(range(40)) for c in results.values())

@@ -1,0 +1,140 @@
+"""Pure group assembly and failure policies: exhaustive with Hypothesis."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_async_rm.groups import GroupResult, TicketLedger, assemble_chunk
+from verl_async_rm.outcome import Failed, RewardError, Scored
+from verl_async_rm.policy import resolve_group
+
+pytestmark = pytest.mark.quick
+
+
+@st.composite
+def ticket_plans(draw):
+    group_size = draw(st.integers(1, 6))
+    groups = draw(st.integers(0, 10))
+    n = group_size * groups
+    # uids deliberately not in index order: samples of a group are scattered across the batch
+    layout = draw(st.permutations(list(range(n))))
+    uid_of = {index: f"g{position // group_size}" for position, index in enumerate(layout)}
+    settle_order = draw(st.permutations(list(range(n))))
+    chunk_groups = draw(st.lists(st.integers(1, 4), min_size=1, max_size=12))
+    return group_size, uid_of, settle_order, chunk_groups
+
+
+@settings(max_examples=300, deadline=None)
+@given(ticket_plans())
+def test_every_sample_once_whole_groups_sorted(plan):
+    group_size, uid_of, settle_order, chunk_groups = plan
+    ledger = TicketLedger(sorted(uid_of.items()), group_size)
+    taken: list[int] = []
+    requests = itertools.cycle(chunk_groups)
+    want = next(requests) * group_size
+    for index in settle_order:
+        group = ledger.settle(index, Scored(float(index)))
+        if group is not None:
+            assert all(uid_of[i] == uid_of[index] for i in group.indices)
+            assert group.indices == sorted(group.indices)
+            ledger.mark_ready(GroupResult(group.key, group.indices, [o.score for o in group.outcomes], [{}] * group_size))
+        got = ledger.take(want)  # the pending get is retried after every event, as the engine does
+        if got is not None:
+            chunk = assemble_chunk(got)
+            assert chunk.indices == sorted(chunk.indices)
+            assert chunk.scores == [float(i) for i in chunk.indices]  # each sample keeps its own score
+            assert len(chunk) == min(want, len(uid_of) - len(taken))
+            for g in got:
+                assert len({uid_of[i] for i in g.indices}) == 1 and len(g.indices) == group_size
+            taken += chunk.indices
+            want = next(requests) * group_size
+    rest = ledger.take(None)
+    assert rest is not None
+    taken += assemble_chunk(rest).indices
+    assert sorted(taken) == sorted(uid_of)  # exactly once each
+    assert ledger.exhausted and ledger.take(group_size) == []
+
+
+@given(st.integers(1, 5), st.integers(1, 30))
+def test_take_refuses_partial_groups(group_size, n):
+    ledger = TicketLedger([(i, i // group_size) for i in range(group_size * 3)], group_size)
+    if n % group_size:
+        with pytest.raises(ValueError, match="not a multiple of the group size"):
+            ledger.take(n)
+    else:
+        assert ledger.take(n) is None  # nothing ready yet, nothing consumed
+        assert ledger.remaining_samples == group_size * 3
+
+
+def test_bad_batches_are_clear_errors():
+    with pytest.raises(ValueError, match="group 'a' has 1 samples"):
+        TicketLedger([(0, "a"), (1, "b"), (2, "b")], 2)
+    with pytest.raises(ValueError, match="appears twice"):
+        TicketLedger([(0, "a"), (0, "a")], 2)
+    with pytest.raises(ValueError, match="has no uid"):
+        TicketLedger([(0, None), (1, None)], 2)
+    with pytest.raises(ValueError, match="positive integer"):
+        TicketLedger([], 0)
+    ledger = TicketLedger([(0, None), (1, None)], 1)  # validation batches: no uid, groups of one
+    assert ledger.total_groups == 2
+    with pytest.raises(ValueError, match="settled twice"):
+        ledger.settle(0, Scored(1.0))
+        ledger.settle(0, Scored(1.0))
+    with pytest.raises(KeyError):
+        ledger.settle(7, Scored(1.0))
+    for bad in (0, -4, 1.5, True):
+        with pytest.raises(ValueError):
+            ledger.take(bad)
+
+
+def test_chunk_extra_info_aligned_with_missing_keys_as_none():
+    chunk = assemble_chunk(
+        [GroupResult("b", [3, 5], [1.0, 2.0], [{"x": 1}, {}]), GroupResult("a", [0, 9], [3.0, 4.0], [{}, {"y": 2}])]
+    )
+    assert chunk.indices == [0, 3, 5, 9]
+    assert chunk.scores == [3.0, 1.0, 2.0, 4.0]
+    assert chunk.extra_info == {"x": [None, 1, None, None], "y": [None, None, None, 2]}
+    assert chunk.groups == 2
+
+
+outcomes = st.lists(
+    st.one_of(
+        st.floats(-5, 5, allow_nan=False).map(Scored),
+        st.sampled_from(["timeout", "http_500"]).map(lambda k: Failed(k, f"sample failed: {k}")),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(outcomes, st.floats(-1, 1), st.floats(-1, 1))
+def test_failure_policies(group_outcomes, fill_value, neutral_value):
+    from verl_async_rm.groups import SettledGroup
+
+    group = SettledGroup("g", list(range(len(group_outcomes))), group_outcomes)
+    ok = [o.score for o in group_outcomes if isinstance(o, Scored)]
+    failed = [isinstance(o, Failed) for o in group_outcomes]
+
+    neutral = resolve_group(group, "neutral", neutral_value=neutral_value)
+    expected_sub = sum(ok) / len(ok) if ok else neutral_value
+    for o, score, extra, f in zip(group_outcomes, neutral.scores, neutral.extras, failed):
+        assert extra["reward_failed"] == int(f)
+        assert math.isclose(score, expected_sub if f else o.score)
+        if f:
+            assert extra["reward_failure"] == o.kind and o.message in extra["reward_error"]
+    if ok:  # zero advantage: the group mean is unchanged by the substitutes
+        assert math.isclose(sum(neutral.scores) / len(neutral.scores), sum(ok) / len(ok), abs_tol=1e-9)
+
+    filled = resolve_group(group, "fill", fill_value=fill_value)
+    assert [s for s, f in zip(filled.scores, failed) if f] == [fill_value] * sum(failed)
+
+    if any(failed):
+        with pytest.raises(RewardError, match="sample failed"):
+            resolve_group(group, "raise")
+    else:
+        assert resolve_group(group, "raise").scores == ok

@@ -1,0 +1,67 @@
+"""The agent's settings, validated when the agent is built (not an hour into training)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from verl_async_rm.policy import FailurePolicy
+
+
+class AgentConfig(BaseModel):
+    """Every field has a default; unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_concurrency: int = Field(256, ge=1, description="requests in flight at most, for all callers together")
+    request_timeout: float | None = Field(120.0, gt=0, description="seconds per attempt; None = no timeout")
+    ticket_deadline: float | None = Field(
+        None, gt=0, description="seconds after submit; then whatever is pending is settled by the failure policy"
+    )
+    executor: Literal["thread", "process"] = Field(
+        "thread", description="where sync reward functions run; 'process' for CPU-heavy scorers"
+    )
+    max_workers: int | None = Field(
+        None, ge=1, description="threads/processes for sync functions; default max_concurrency (threads), cores (processes)"
+    )
+    failure_policy: FailurePolicy = "neutral"
+    fill_value: float = Field(0.0, description="score given to a failed sample under failure_policy='fill'")
+    neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral'")
+    max_attempts: int = Field(3, ge=1, description="attempts per request, retries included")
+    backoff_initial: float = Field(0.5, gt=0, description="seconds; exponential backoff with full jitter")
+    backoff_max: float = Field(30.0, gt=0)
+    requests_per_minute: float | None = Field(None, gt=0)
+    tokens_per_minute: float | None = Field(None, gt=0, description="needs a token estimate per request")
+    adaptive_concurrency: bool = Field(True, description="cut the cap on 429/503, grow it back on success")
+    cache: bool = Field(False, description="score identical requests once per run (judges are stochastic: off by default)")
+    cache_size: int = Field(100_000, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentConfig:
+        if self.ticket_deadline is not None and self.request_timeout is not None:
+            if self.ticket_deadline < self.request_timeout:
+                raise ValueError(
+                    f"ticket_deadline ({self.ticket_deadline}s) is shorter than request_timeout "
+                    f"({self.request_timeout}s): no request could ever time out on its own"
+                )
+        if self.backoff_max < self.backoff_initial:
+            raise ValueError(f"backoff_max ({self.backoff_max}) < backoff_initial ({self.backoff_initial})")
+        return self
+
+    @property
+    def sync_workers(self) -> int:
+        if self.max_workers is not None:
+            return self.max_workers
+        return self.max_concurrency if self.executor == "thread" else (os.cpu_count() or 1)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping | None) -> AgentConfig:
+        """Build from a plain or OmegaConf mapping, with one readable error listing every problem."""
+        values = dict(values or {})
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"invalid async reward agent config: {problems}") from None

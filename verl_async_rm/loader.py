@@ -1,0 +1,133 @@
+"""Load the user's per-response reward (a function or a class) and describe how to call it.
+
+Rules, in the recipe's spirit:
+- a *function* ``compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``
+  is called per response with the configured keyword arguments;
+- a *class* is instantiated once per agent with the configured keyword arguments (its shared
+  state: client, tokens, model name); its ``compute_score`` is called per response and its
+  optional ``post_process_scores(scores) -> scores`` once per completed group.
+Either may be ``async def``; that is detected here, once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from verl_async_rm.outcome import RewardFunctionError
+
+SCORE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """Where a reward lives; enough to load it again in another process."""
+
+    path: str
+    name: str
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserReward:
+    label: str  # "file.py:name", used in every error message
+    score_fn: Callable[..., Any]
+    score_is_async: bool
+    call_kwargs: dict  # passed to every compute_score call (functions only; classes got them at init)
+    group_hook: Callable[[list[float]], Any] | None = None
+    hook_is_async: bool = False
+    spec: RewardSpec | None = None
+
+
+def _is_async(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _check_signature(fn: Callable, label: str, kwargs: dict) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some C callables have no signature: trust them
+        return
+    probe = dict.fromkeys(SCORE_PARAMS) | dict(kwargs)
+    try:
+        sig.bind(**probe)
+    except TypeError as exc:
+        raise RewardFunctionError(
+            f"{label} cannot be called as compute_score(data_source, solution_str, ground_truth, "
+            f"extra_info=None, **{sorted(kwargs)}): {exc}"
+        ) from None
+
+
+def load_module(path: str):
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"reward file not found: {path}")
+    # A stable, unique module name per file, so two reward files with the same stem never collide
+    # and pickling (process pool) can find the module again in this process.
+    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
+    module_name = f"_verl_async_rm_user_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RewardFunctionError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def load_reward(path: str, name: str, kwargs: dict | None = None) -> UserReward:
+    module = load_module(path)
+    if not hasattr(module, name):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise AttributeError(f"{path} has no attribute {name!r}; callables there: {public}")
+    return wrap_reward(getattr(module, name), kwargs, spec=RewardSpec(path, name, dict(kwargs or {})))
+
+
+def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None = None) -> UserReward:
+    """Accept a function, a class (instantiated here with ``kwargs``) or an instance with ``compute_score``."""
+    kwargs = dict(kwargs or {})
+    label = f"{os.path.basename(spec.path)}:{spec.name}" if spec else getattr(obj, "__qualname__", repr(obj))
+    if inspect.isclass(obj):
+        if not callable(getattr(obj, "compute_score", None)):
+            raise RewardFunctionError(f"class {label} has no compute_score method")
+        try:
+            instance = obj(**kwargs)
+        except TypeError as exc:
+            raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(kwargs)}: {exc}") from None
+        return _from_instance(instance, label, spec)
+    if not inspect.isroutine(obj) and callable(getattr(obj, "compute_score", None)):
+        if kwargs:
+            raise RewardFunctionError(f"{label} is an instance: configure it before passing it, not with kwargs")
+        return _from_instance(obj, label, spec)
+    if not callable(obj):
+        raise RewardFunctionError(f"{label} is a {type(obj).__name__}, not a function or a class")
+    _check_signature(obj, label, kwargs)
+    return UserReward(label, obj, _is_async(obj), kwargs, spec=spec)
+
+
+def _from_instance(instance: Any, label: str, spec: RewardSpec | None) -> UserReward:
+    score_fn = instance.compute_score
+    _check_signature(score_fn, f"{label}.compute_score", {})
+    hook = getattr(instance, "post_process_scores", None)
+    if hook is not None and not callable(hook):
+        raise RewardFunctionError(f"{label}.post_process_scores is not callable")
+    return UserReward(
+        label=label,
+        score_fn=score_fn,
+        score_is_async=_is_async(score_fn),
+        call_kwargs={},
+        group_hook=hook,
+        hook_is_async=hook is not None and _is_async(hook),
+        spec=spec,
+    )

@@ -1,0 +1,108 @@
+"""Which failures are worth another attempt, and how long to wait before it.
+
+Retried: timeouts, connection errors, HTTP 408/409/429 and 5xx (from ``openai``, ``httpx``, ``aiohttp``
+or anything carrying ``status_code``/``status``), and user exceptions marked retryable (raise
+``RetryableError`` or set ``retryable = True`` on the exception). Never retried: other 4xx (400, 401,
+403, 404, ...), invalid returns, and any other user exception: retrying a bug only hides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from dataclasses import dataclass
+
+from tenacity import wait_random_exponential
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+THROTTLE_STATUS = frozenset({429, 503})
+
+
+class RetryableError(Exception):
+    """Raise (or subclass) this from a reward function to ask the agent for another attempt."""
+
+    retryable = True
+
+    def __init__(self, message: str = "", retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    kind: str  # short cause: timeout, connection, http_429, http_500, error, ...
+    retryable: bool
+    throttled: bool  # the service asked us to slow down (429/503)
+    retry_after: float | None
+
+
+def status_code_of(exc: BaseException) -> int | None:
+    for attr in ("status_code", "status"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int):
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) else None
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """Seconds from a ``retry_after`` attribute or a Retry-After header (delta-seconds or HTTP date)."""
+    value = getattr(exc, "retry_after", None)
+    if value is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
+        if headers is not None:
+            value = headers.get("retry-after") or headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        try:
+            when = email.utils.parsedate_to_datetime(str(value))
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError):
+        return True
+    # openai.APIConnectionError, httpx.ConnectError/TransportError, aiohttp.ClientConnectionError:
+    # matched by name to avoid importing every HTTP stack on the hot path.
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"APIConnectionError", "TransportError", "ClientConnectionError", "ServerDisconnectedError"})
+
+
+def classify(exc: BaseException) -> FailureInfo:
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or type(exc).__name__ in ("APITimeoutError", "ReadTimeout"):
+        return FailureInfo("timeout", True, False, None)
+    status = status_code_of(exc)
+    if status is not None:
+        retry_after = retry_after_of(exc)
+        return FailureInfo(f"http_{status}", status in RETRYABLE_STATUS, status in THROTTLE_STATUS, retry_after)
+    if _is_connection_error(exc):
+        return FailureInfo("connection", True, False, None)
+    if getattr(exc, "retryable", False) is True:
+        return FailureInfo("retryable_error", True, False, retry_after_of(exc))
+    return FailureInfo("error", False, False, None)
+
+
+class Backoff:
+    """Exponential backoff with full jitter (tenacity's ``wait_random_exponential``), never shorter
+    than the service's Retry-After."""
+
+    def __init__(self, initial: float, maximum: float):
+        self._wait = wait_random_exponential(multiplier=initial, max=maximum)
+
+    def delay(self, failed_attempts: int, retry_after: float | None) -> float:
+        jittered = self._wait(_AttemptState(failed_attempts))
+        return max(jittered, retry_after or 0.0)
+
+
+@dataclass
+class _AttemptState:
+    """The one field of tenacity's RetryCallState that its exponential waits read."""
+
+    attempt_number: int
