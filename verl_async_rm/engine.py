@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import sys
 import time
 from collections import deque
@@ -153,20 +154,24 @@ class ScoringEngine:
 
     async def _score(self, run: _TicketRun, item: RewardItem) -> Outcome:
         # The attempt loop is ours (tenacity supplies the jittered backoff) because each attempt must
-        # give its concurrency slot back while it sleeps and feed 429s into the adaptive limiter.
+        # give its concurrency slot back while it sleeps and report 429s to the adaptive limiter.
         attempt = 0
         while True:
             attempt += 1
+            await self._admit_rate(item)
+            sequence = await self.limiter.acquire()
             try:
-                value = await self._attempt(item)
+                value = await _with_timeout(self._invoke(item), self.config.request_timeout)
             except asyncio.CancelledError:
+                self.limiter.release()
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is classified and reported
+                self.limiter.release()
                 info = classify(exc)
                 self.metrics.attempt_errors_by_kind[info.kind] += 1
                 if info.throttled:
                     self.metrics.throttled += 1
-                    self.limiter.on_throttle(info.retry_after)
+                    self.limiter.on_throttle(sequence)
                 if not info.retryable or attempt >= self.config.max_attempts:
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
                     message = f"{self._where(run, item)} failed{tries}: {type(exc).__name__}: {exc}"
@@ -174,24 +179,19 @@ class ScoringEngine:
                 self.metrics.retries += 1
                 await asyncio.sleep(self.backoff.delay(attempt, info.retry_after))
                 continue
+            self.limiter.release()
+            self.limiter.on_success()
             try:
                 score, extra = normalize_score(value, lambda: self._where(run, item))
             except RewardFunctionError as exc:
                 return Failed("invalid", str(exc), exc, attempt)
             return Scored(score, extra, attempt)
 
-    async def _attempt(self, item: RewardItem):
+    async def _admit_rate(self, item: RewardItem) -> None:
         if self.rpm is not None:
             await self.rpm.acquire()
         if self.tpm is not None and self.token_estimator is not None:
             await self.tpm.acquire(min(float(self.token_estimator(item)), self.tpm.max_rate))
-        await self.limiter.acquire()
-        try:
-            value = await _with_timeout(self._invoke(item), self.config.request_timeout)
-        finally:
-            self.limiter.release()
-        self.limiter.on_success()
-        return value
 
     async def _invoke(self, item: RewardItem):
         reward = self.reward
@@ -339,6 +339,20 @@ class ScoringEngine:
             effective_cap=self.limiter.limit, open_tickets=len(self.tickets),
         )
 
+    async def _close_reward(self) -> None:
+        """Let a stateful reward release its clients on this loop (an AsyncOpenAI client collected
+        after the loop is gone fails with 'Event loop is closed')."""
+        instance = self.reward.instance
+        closer = getattr(instance, "aclose", None) or getattr(instance, "close", None)
+        if not callable(closer):
+            return
+        try:
+            result = closer()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # noqa: BLE001 - shutdown goes on; the user sees why
+            logging.getLogger(__name__).warning("closing %s failed", self.reward.label, exc_info=True)
+
     async def aclose(self) -> None:
         self.closed = True
         pending: list[asyncio.Task] = []
@@ -347,6 +361,7 @@ class ScoringEngine:
             self._fail_ticket(run, RuntimeError("the reward agent was closed"))
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        await self._close_reward()
         for executor in (self.threads, self.processes):
             if executor is not None:
                 # Threads stuck in a hung sync reward cannot be killed; we stop waiting for them.

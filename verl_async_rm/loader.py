@@ -42,6 +42,7 @@ class UserReward:
     group_hook: Callable[[list[float]], Any] | None = None
     hook_is_async: bool = False
     spec: RewardSpec | None = None
+    instance: Any = None  # a class reward's instance; its close()/aclose() runs when the agent closes
 
 
 def _is_async(fn: Callable) -> bool:
@@ -130,4 +131,5 @@ def _from_instance(instance: Any, label: str, spec: RewardSpec | None) -> UserRe
         group_hook=hook,
         hook_is_async=hook is not None and _is_async(hook),
         spec=spec,
+        instance=instance,
     )

@@ -20,9 +20,11 @@ THROTTLE_STATUS = frozenset({429, 503})
 
 
 class RetryableError(Exception):
-    """Raise (or subclass) this from a reward function to ask the agent for another attempt."""
+    """Raise (or subclass) this from a reward function to ask the agent for another attempt.
+    A subclass may set ``kind``: the short cause reported in metrics and in failed samples."""
 
     retryable = True
+    kind = "retryable_error"
 
     def __init__(self, message: str = "", retry_after: float | None = None):
         super().__init__(message)
@@ -85,7 +87,8 @@ def classify(exc: BaseException) -> FailureInfo:
     if _is_connection_error(exc):
         return FailureInfo("connection", True, False, None)
     if getattr(exc, "retryable", False) is True:
-        return FailureInfo("retryable_error", True, False, retry_after_of(exc))
+        kind = getattr(exc, "kind", None)
+        return FailureInfo(kind if isinstance(kind, str) else "retryable_error", True, False, retry_after_of(exc))
     return FailureInfo("error", False, False, None)
 
 

@@ -1,0 +1,34 @@
+"""The fault-injection suite: real HTTP, real openai client, 10% 429, 5% 500, 2% hangs, 1% malformed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.fault_suite import run_fault_suite
+
+
+def check(figures: dict) -> None:
+    samples = figures["samples"]
+    assert figures["returned"] == samples and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert figures["misaligned_scores"] == 0  # every unflagged sample has its own, correct score
+    assert figures["wall_s"] < figures["ticket_deadline_s"]
+    assert figures["server_peak_concurrency"] <= figures["cap"]
+    assert figures["max_requests_in_1s"] <= figures["bound_1s"] + 1
+    assert figures["max_requests_in_10s"] <= figures["bound_10s"] + 1
+    server, agent = figures["faults_injected"], figures["agent_attempt_errors"]
+    for server_kind, agent_kind in [("429", "http_429"), ("500", "http_500"), ("hang", "timeout"), ("malformed", "malformed")]:
+        assert server.get(server_kind, 0) > 0, f"no {server_kind} injected: the suite would prove nothing"
+        assert agent.get(agent_kind, 0) == server[server_kind], (server_kind, server, agent)
+    assert set(agent) == {"http_429", "http_500", "timeout", "malformed"}
+    assert figures["server_ok"] == figures["agent_completed"]
+    assert figures["agent_completed"] + figures["failed_samples_flagged"] == samples
+    assert figures["retries"] == sum(agent.values()) - figures["failed_samples_flagged"]
+
+
+def test_fault_suite_1k():
+    check(run_fault_suite(samples=1_000))
+
+
+@pytest.mark.slow
+def test_fault_suite_10k():
+    check(run_fault_suite(samples=10_000))

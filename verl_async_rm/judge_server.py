@@ -1,0 +1,635 @@
+"""A loopback OpenAI-compatible "judge" server with fault injection, for tests, benchmarks and demos.
+
+Why this exists: the reward agent's retries, rate limiting and failure policies are only
+trustworthy if they are exercised against *real* HTTP through the *real* ``openai.AsyncOpenAI``
+client -- mocks of the client would happily accept behaviour the real one never produces
+(header parsing, exception mapping, connection pooling, timeouts). This module is a small
+aiohttp server that speaks just enough of the chat-completions API for that client, judges
+deterministically (so tests can assert scores), injects seeded faults, and counts what it saw
+(so tests can compare the server's view with the client's).
+
+Python use (sync or async; the server runs on its own event loop in a daemon thread)::
+
+    with JudgeServer(JudgeServerConfig(latency=(0.1, 0.3), rate_429=0.1)) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        ...
+        server.stats().outcomes["429"]
+
+    async with JudgeServer(cfg) as server:   # start/stop off the caller's loop via to_thread
+        ...
+
+Command line::
+
+    python -m verl_async_rm.judge_server --port 0 --latency 0.5:2.0 --rate-429 0.1
+
+Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /stats[?window=S]``,
+``POST /stats/reset``. Only loopback addresses may be bound: this is a test fixture, never a
+service, and must not be reachable from outside the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import itertools
+import json
+import math
+import random
+import re
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from aiohttp import web
+
+__all__ = [
+    "OUTCOMES",
+    "MALFORMED_KINDS",
+    "JudgeServerConfig",
+    "JudgeServer",
+    "JudgeStats",
+    "default_judge",
+    "extract_last_number",
+    "max_requests_in_window",
+]
+
+# Every chat request ends in exactly one of these, so the counts always sum to ``requests``
+# (once nothing is in flight). "rate_limited" is the server's own rpm limiter; "429" is an
+# injected fault. "bad_request"/"judge_error" are not faults: they flag a broken caller/judge.
+OUTCOMES = ("ok", "429", "500", "503", "hang", "malformed", "rate_limited", "bad_request", "judge_error")
+MALFORMED_KINDS = ("truncated", "no_choices", "non_numeric")
+
+_LOOPBACK_NAMES = {"localhost"}
+
+
+# --------------------------------------------------------------------------- judging rule
+
+# Commas are only dropped *between digits* ("1,234" -> "1234") so that "3, 4" stays two numbers.
+_DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
+# A leading "-" counts as a sign only when it is not glued to a word/number ("3-5" ends in 5, not -5).
+_NUMBER = re.compile(r"(?:(?<![\w.])-)?\d+(?:\.\d+)?")
+_RESPONSE = re.compile(r"<response>(.*)</response>", re.DOTALL)  # greedy: first open .. last close
+_REFERENCE = re.compile(r"<reference>(.*?)</reference>", re.DOTALL)
+
+
+def extract_last_number(text: str) -> float | None:
+    """The last number in ``text`` (``\\boxed{18}``, ``#### 18`` and "is 1,234." all end in one)."""
+    found = _NUMBER.findall(_DIGIT_COMMA.sub("", text))
+    return float(found[-1]) if found else None
+
+
+def _text_of(content: Any) -> str:
+    # OpenAI allows content as a string or as a list of parts ({"type": "text", "text": ...}).
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def default_judge(messages: list[dict]) -> str:
+    """"1" if the last number in ``<response>`` equals the number in ``<reference>``, else "0".
+
+    The reference is searched *outside* the response span, so a policy response that itself
+    contains ``<reference>..</reference>`` cannot overwrite the real reference, whatever order
+    the prompt template puts the two blocks in.
+    """
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        return "0"
+    text = _text_of(users[-1].get("content"))
+    resp = _RESPONSE.search(text)
+    if resp is None:
+        return "0"
+    ref = _REFERENCE.search(text[: resp.start()] + text[resp.end() :])
+    if ref is None:
+        return "0"
+    got, want = extract_last_number(resp.group(1)), extract_last_number(ref.group(1))
+    return "1" if got is not None and want is not None and got == want else "0"
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback  # 127.0.0.0/8 and ::1
+    except ValueError:
+        return False  # any other name: we refuse to resolve it, it could point anywhere
+
+
+@dataclass(frozen=True)
+class JudgeServerConfig:
+    """All behaviour of one server. Rates are per-request probabilities, drawn when a request arrives."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = ephemeral, so parallel tests never collide
+    model: str = "judge-stub"
+    # Seconds before answering: a fixed float, or (lo, hi) for uniform [lo, hi].
+    latency: float | tuple[float, float] = 0.0
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_503: float = 0.0
+    rate_hang: float = 0.0
+    rate_malformed: float = 0.0
+    malformed_kinds: tuple[str, ...] = MALFORMED_KINDS  # chosen uniformly per malformed reply
+    retry_after_s: float = 1.0  # Retry-After on injected 429/503 (fractional allowed)
+    hang_seconds: float = 3600.0
+    # Server-side limiter: at most rpm_limit *accepted* requests per rpm_window_s seconds, else 429.
+    # rpm_window_s defaults to a minute; a shorter window compresses time in tests.
+    rpm_limit: int | None = None
+    rpm_window_s: float = 60.0
+    seed: int | None = 0  # None = nondeterministic
+    judge: Callable[[list[dict]], str] = default_judge
+    max_timestamps: int = 1_000_000  # arrival timestamps kept for sliding-window stats (bounded memory)
+    shutdown_timeout_s: float = 1.0  # grace for in-flight non-hung handlers on close()
+
+    def __post_init__(self) -> None:
+        if not _is_loopback(self.host):
+            raise ValueError(f"JudgeServer binds loopback only (127.0.0.0/8, ::1, localhost); got host={self.host!r}")
+        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+            raise ValueError(f"port must be in [0, 65535], got {self.port!r}")
+        lat = self.latency
+        if isinstance(lat, (list, tuple)):
+            if len(lat) != 2:
+                raise ValueError(f"latency range must be (lo, hi), got {lat!r}")
+            lat = (float(lat[0]), float(lat[1]))
+            object.__setattr__(self, "latency", lat)  # normalise lists so the config stays hashable
+            lo, hi = lat
+        else:
+            lo = hi = float(lat)
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi):
+            raise ValueError(f"latency must satisfy 0 <= lo <= hi, got {self.latency!r}")
+        rates = self._rates()
+        for name, r in rates.items():
+            if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
+                raise ValueError(f"{name} must be in [0, 1], got {r!r}")
+        if sum(rates.values()) > 1.0 + 1e-9:
+            raise ValueError(f"fault rates sum to {sum(rates.values())} > 1")
+        object.__setattr__(self, "malformed_kinds", tuple(self.malformed_kinds))
+        bad = set(self.malformed_kinds) - set(MALFORMED_KINDS)
+        if bad or not self.malformed_kinds:
+            raise ValueError(f"malformed_kinds must be a non-empty subset of {MALFORMED_KINDS}, got {self.malformed_kinds!r}")
+        if not (self.retry_after_s >= 0 and math.isfinite(self.retry_after_s)):
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s!r}")
+        if not self.hang_seconds > 0:
+            raise ValueError(f"hang_seconds must be > 0, got {self.hang_seconds!r}")
+        if self.rpm_limit is not None and (not isinstance(self.rpm_limit, int) or self.rpm_limit < 1):
+            raise ValueError(f"rpm_limit must be a positive int or None, got {self.rpm_limit!r}")
+        if not self.rpm_window_s > 0:
+            raise ValueError(f"rpm_window_s must be > 0, got {self.rpm_window_s!r}")
+        if self.max_timestamps < 1:
+            raise ValueError("max_timestamps must be >= 1")
+        if not callable(self.judge):
+            raise ValueError("judge must be callable")
+
+    def _rates(self) -> dict[str, float]:
+        return {
+            "rate_429": self.rate_429,
+            "rate_500": self.rate_500,
+            "rate_503": self.rate_503,
+            "rate_hang": self.rate_hang,
+            "rate_malformed": self.rate_malformed,
+        }
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def max_requests_in_window(timestamps: Sequence[float], window_s: float) -> int:
+    """Max number of (sorted) timestamps inside any half-open window ``[t, t + window_s)``."""
+    if window_s <= 0:
+        raise ValueError("window_s must be > 0")
+    best, lo = 0, 0
+    for hi, t in enumerate(timestamps):  # two pointers: O(n)
+        while timestamps[lo] + window_s <= t:  # same float expression as the definition
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+@dataclass(frozen=True)
+class JudgeStats:
+    """An immutable snapshot of the server's counters (taken under the server's lock)."""
+
+    requests: int  # chat-completion requests that arrived (since start / last reset)
+    in_flight: int  # handlers running now (hung ones included)
+    peak_in_flight: int  # max simultaneous handlers seen
+    outcomes: Mapping[str, int]  # every key of OUTCOMES present; decided at arrival
+    arrivals: tuple[float, ...] = field(repr=False)  # time.monotonic() per arrival, sorted; last max_timestamps only
+    elapsed_s: float = 0.0  # since start / last reset
+
+    def max_requests_in_window(self, window_s: float) -> int:
+        return max_requests_in_window(self.arrivals, window_s)
+
+    @property
+    def requests_per_minute(self) -> float:
+        """Mean arrival rate over the whole run (since start / reset), idle time included."""
+        return 60.0 * self.requests / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self, windows: Sequence[float] = (1.0, 60.0)) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "outcomes": dict(self.outcomes),
+            "elapsed_s": round(self.elapsed_s, 6),
+            "requests_per_minute": round(self.requests_per_minute, 3),
+            "max_requests_in_window": {f"{w:g}": self.max_requests_in_window(w) for w in windows},
+        }
+
+
+class _Counters:
+    # Mutated on the server's loop thread, read by stats() from any thread: one lock for both.
+    def __init__(self, max_timestamps: int) -> None:
+        self.lock = threading.Lock()
+        self._max = max_timestamps
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests = 0
+            self.in_flight = getattr(self, "in_flight", 0)  # live handlers survive a reset
+            self.peak = self.in_flight
+            self.outcomes = dict.fromkeys(OUTCOMES, 0)
+            self.arrivals: deque[float] = deque(maxlen=self._max)
+            self.t0 = time.monotonic()
+
+    def snapshot(self) -> JudgeStats:
+        with self.lock:
+            return JudgeStats(
+                requests=self.requests,
+                in_flight=self.in_flight,
+                peak_in_flight=self.peak,
+                outcomes=dict(self.outcomes),
+                arrivals=tuple(self.arrivals),
+                elapsed_s=time.monotonic() - self.t0,
+            )
+
+
+# --------------------------------------------------------------------------- server
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+def _error(status: int, message: str, err_type: str, code: str | None, retry_after: float | None = None) -> web.Response:
+    # OpenAI's error body shape; the client surfaces it as exc.body / exc.message.
+    headers = {}
+    if retry_after is not None:
+        # The openai client reads retry-after-ms first, then retry-after (float seconds OK).
+        headers["Retry-After"] = _fmt_seconds(retry_after)
+        headers["retry-after-ms"] = str(int(round(retry_after * 1000)))
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class JudgeServer:
+    """The server. ``start()``/``close()`` or use as a (sync or async) context manager.
+
+    The aiohttp app runs on a private event loop in a daemon thread, so a plain synchronous
+    pytest test can drive it, and an async caller's loop is never blocked by server work.
+    ``close()`` cancels hung handlers first, so shutdown takes well under a second even with
+    ``hang_seconds=3600`` requests outstanding.
+    """
+
+    def __init__(self, config: JudgeServerConfig | None = None) -> None:
+        self.config = config or JudgeServerConfig()
+        seed = self.config.seed
+        # Separate streams so changing the latency config does not reshuffle which requests fail.
+        self._fault_rng = random.Random(None if seed is None else f"{seed}/faults")
+        self._latency_rng = random.Random(None if seed is None else f"{seed}/latency")
+        self._counters = _Counters(self.config.max_timestamps)
+        self._accepted: deque[float] = deque()  # rpm limiter window (accepted arrivals only)
+        self._ids = itertools.count(1)
+        self._handlers: set[asyncio.Task] = set()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._port: int | None = None
+
+    # ---- lifecycle
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("JudgeServer is not running")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1`` -- pass as ``base_url`` to ``openai.AsyncOpenAI``."""
+        host = "127.0.0.1" if self.config.host == "localhost" else self.config.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self) -> "JudgeServer":
+        if self._thread is not None:
+            raise RuntimeError("JudgeServer already started")
+        self._ready, self._start_error = threading.Event(), None  # allow start() again after close()
+        self._thread = threading.Thread(target=self._thread_main, name="judge-server", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise self._start_error
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop serving and join the thread. Idempotent; safe to call from any thread but the server's."""
+        thread, loop, stop = self._thread, self._loop, self._stop
+        if thread is None:
+            return
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # loop already closed under us
+                pass
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError("JudgeServer thread did not stop in time")
+        self._thread = None
+        self._port = None
+
+    def __enter__(self) -> "JudgeServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "JudgeServer":
+        # Startup blocks on a threading.Event; do it off the caller's loop.
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as e:  # noqa: BLE001 - reported to start() if startup failed
+            if not self._ready.is_set():
+                self._start_error = e
+        finally:
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stats", self._stats)
+        app.router.add_post("/stats/reset", self._reset)
+        # handler_cancellation: a client that times out and disconnects cancels its handler, so
+        # "in_flight" reflects what is really still running (aiohttp >= 3.9 defaults it off).
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=self.config.shutdown_timeout_s,
+        )
+        await runner.setup()
+        try:
+            host = "127.0.0.1" if self.config.host == "localhost" else self.config.host
+            site = web.TCPSite(runner, host, self.config.port)
+            await site.start()
+            self._port = runner.addresses[0][1]
+            self._ready.set()
+            await self._stop.wait()
+            # Cancel hung/slow handlers before aiohttp's graceful wait, or it would wait for them.
+            for task in list(self._handlers):
+                task.cancel()
+        finally:
+            await runner.cleanup()
+
+    # ---- stats
+
+    def stats(self) -> JudgeStats:
+        return self._counters.snapshot()
+
+    def reset_stats(self) -> None:
+        """Zero the counters and timestamps (in-flight handlers stay counted). RNG and limiter untouched."""
+        self._counters.reset()
+
+    # ---- handlers
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.config.model, "object": "model", "created": 0, "owned_by": "verl-async-rm"}]}
+        )
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        snap = self.stats()
+        windows: list[float] = [1.0, 60.0]
+        if "window" in request.query:
+            try:
+                w = float(request.query["window"])
+                if not w > 0:
+                    raise ValueError
+            except ValueError:
+                return _error(400, "window must be a positive number", "invalid_request_error", None)
+            windows.append(w)
+        return web.json_response(snap.to_dict(windows))
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset_stats()
+        return web.json_response({"ok": True})
+
+    def _decide(self, messages: list[dict]) -> tuple[str, float, Any]:
+        """Fault, delay and payload for one valid request; counted immediately (hangs never finish)."""
+        cfg = self.config
+        c = self._counters
+        with c.lock:
+            now = time.monotonic()
+            if cfg.rpm_limit is not None:
+                while self._accepted and self._accepted[0] <= now - cfg.rpm_window_s:
+                    self._accepted.popleft()
+                if len(self._accepted) >= cfg.rpm_limit:
+                    # Rejected requests draw no randomness: the i-th *accepted* request always gets
+                    # the same fault, however the limiter's timing falls.
+                    c.outcomes["rate_limited"] += 1
+                    return "rate_limited", self._accepted[0] + cfg.rpm_window_s - now, None
+                self._accepted.append(now)
+            u = self._fault_rng.random()
+            outcome = "ok"
+            for name, rate in (
+                ("429", cfg.rate_429),
+                ("500", cfg.rate_500),
+                ("503", cfg.rate_503),
+                ("hang", cfg.rate_hang),
+                ("malformed", cfg.rate_malformed),
+            ):
+                if u < rate:
+                    outcome = name
+                    break
+                u -= rate
+            lat = cfg.latency
+            delay = self._latency_rng.uniform(*lat) if isinstance(lat, tuple) else lat
+            payload: Any = None
+            if outcome == "malformed":
+                payload = self._fault_rng.choice(cfg.malformed_kinds)
+            elif outcome in ("ok", "hang"):
+                try:  # judge now, so a judge bug is counted as such rather than as "ok"
+                    payload = str(cfg.judge(messages))
+                except Exception as e:  # noqa: BLE001
+                    outcome, payload = "judge_error", f"{type(e).__name__}: {e}"
+            if outcome == "hang":
+                delay = cfg.hang_seconds
+            c.outcomes[outcome] += 1
+            return outcome, delay, payload
+
+    def _completion(self, body: dict, content: str) -> dict:
+        prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
+        n = body.get("n") if isinstance(body.get("n"), int) and body.get("n", 1) > 0 else 1
+        completion_tokens = max(1, len(content.split())) * n
+        return {
+            "id": f"chatcmpl-judge-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.config.model,
+            "choices": [
+                {"index": i, "message": {"role": "assistant", "content": content}, "finish_reason": "stop", "logprobs": None}
+                for i in range(n)
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        c = self._counters
+        with c.lock:  # arrival is stamped before anything can await
+            c.requests += 1
+            c.in_flight += 1
+            c.peak = max(c.peak, c.in_flight)
+            c.arrivals.append(time.monotonic())
+        try:
+            try:
+                body = await request.json()
+                if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("stream"):
+                    raise ValueError("need a JSON object with a 'messages' list (stream is not supported)")
+            except Exception as e:  # noqa: BLE001
+                with c.lock:
+                    c.outcomes["bad_request"] += 1
+                return _error(400, f"bad request: {e}", "invalid_request_error", None)
+
+            outcome, delay, payload = self._decide(body["messages"])
+            if outcome == "rate_limited":  # the front door answers at once, as real APIs do
+                return _error(429, "Rate limit reached (rpm_limit)", "requests", "rate_limit_exceeded", max(delay, 0.0))
+            if delay > 0:
+                await asyncio.sleep(delay)  # hang: hang_seconds; cancelled by client disconnect or close()
+
+            retry = self.config.retry_after_s
+            if outcome == "429":
+                return _error(429, "Injected rate limit", "requests", "rate_limit_exceeded", retry)
+            if outcome == "500":
+                return _error(500, "Injected internal error", "server_error", None)
+            if outcome == "503":
+                return _error(503, "Injected overload", "server_error", None, retry)
+            if outcome == "judge_error":
+                return _error(500, f"judge raised {payload}", "server_error", "judge_error")
+            if outcome == "malformed":
+                good = self._completion(body, "1")
+                if payload == "truncated":
+                    text = json.dumps(good)
+                    return web.Response(text=text[: len(text) // 2], content_type="application/json")
+                if payload == "no_choices":
+                    del good["choices"]
+                    return web.json_response(good)
+                return web.json_response(self._completion(body, "I cannot decide; it looks plausible."))
+            return web.json_response(self._completion(body, payload))  # ok, or a hang that outlived its client
+        finally:
+            with c.lock:
+                c.in_flight -= 1
+            if task is not None:
+                self._handlers.discard(task)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parse_latency(text: str) -> float | tuple[float, float]:
+    if ":" in text:
+        lo, hi = text.split(":", 1)
+        return (float(lo), float(hi))
+    return float(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verl_async_rm.judge_server", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="loopback only")
+    p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
+    p.add_argument("--model", default="judge-stub")
+    p.add_argument("--latency", type=_parse_latency, default=0.0, help="seconds: FIXED or LO:HI (uniform)")
+    p.add_argument("--rate-429", type=float, default=0.0)
+    p.add_argument("--rate-500", type=float, default=0.0)
+    p.add_argument("--rate-503", type=float, default=0.0)
+    p.add_argument("--rate-hang", type=float, default=0.0)
+    p.add_argument("--rate-malformed", type=float, default=0.0)
+    p.add_argument("--malformed-kinds", default=",".join(MALFORMED_KINDS), help="comma list of " + ",".join(MALFORMED_KINDS))
+    p.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds on injected 429/503")
+    p.add_argument("--hang-seconds", type=float, default=3600.0)
+    p.add_argument("--rpm-limit", type=int, default=None)
+    p.add_argument("--rpm-window", type=float, default=60.0, help="limiter window seconds (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        cfg = JudgeServerConfig(
+            host=a.host,
+            port=a.port,
+            model=a.model,
+            latency=a.latency,
+            rate_429=a.rate_429,
+            rate_500=a.rate_500,
+            rate_503=a.rate_503,
+            rate_hang=a.rate_hang,
+            rate_malformed=a.rate_malformed,
+            malformed_kinds=tuple(k for k in a.malformed_kinds.split(",") if k),
+            retry_after_s=a.retry_after,
+            hang_seconds=a.hang_seconds,
+            rpm_limit=a.rpm_limit,
+            rpm_window_s=a.rpm_window,
+            seed=a.seed,
+        )
+    except ValueError as e:
+        p.error(str(e))
+
+    # SIGTERM (a benchmark script killing us) should also print the counters. SIGINT is installed
+    # explicitly because a shell's background job inherits SIGINT=ignored, and Ctrl-C must work.
+    def _interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    with JudgeServer(cfg) as server:
+        print(server.base_url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        print(json.dumps(server.stats().to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
