@@ -1,23 +1,34 @@
 """verl-async-rm: an asynchronous reward agent for verl.
 
-Importing this package is light: no Ray start, no model load, no network.
+Importing this package is light: no Ray start, no model load, no network, and the public names
+below load on first use (verl imports our plugin in every one of its processes).
 """
 
-from verl_async_rm.agent import RewardAgent
-from verl_async_rm.config import AgentConfig
-from verl_async_rm.loader import RewardSpec, load_reward
-from verl_async_rm.outcome import RewardError, RewardFunctionError, RewardItem, ScoredChunk
-from verl_async_rm.retry import RetryableError
+from __future__ import annotations
 
-__all__ = [
-    "AgentConfig",
-    "RetryableError",
-    "RewardAgent",
-    "RewardError",
-    "RewardFunctionError",
-    "RewardItem",
-    "RewardSpec",
-    "ScoredChunk",
-    "load_reward",
-]
+import importlib
+
 __version__ = "0.1.0.dev0"
+
+_EXPORTS = {
+    "RewardAgent": "verl_async_rm.agent",
+    "AgentConfig": "verl_async_rm.config",
+    "RewardSpec": "verl_async_rm.loader",
+    "load_reward": "verl_async_rm.loader",
+    "RewardError": "verl_async_rm.outcome",
+    "RewardFunctionError": "verl_async_rm.outcome",
+    "RewardItem": "verl_async_rm.outcome",
+    "ScoredChunk": "verl_async_rm.outcome",
+    "RetryableError": "verl_async_rm.retry",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'verl_async_rm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

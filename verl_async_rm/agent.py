@@ -117,6 +117,19 @@ class RewardAgent:
         """``get`` for callers on another event loop (e.g. an async Ray actor)."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._engine.take(ticket, n), self._loop))
 
+    async def ascore_in_group(
+        self, item: RewardItem | Mapping, uid=None, group_size: int = 1, group_wait: float | None = None
+    ) -> tuple[float, dict]:
+        """Score one sample as a member of group ``uid`` (expected size ``group_size``) and return its
+        ``(score, extra_info)`` once the whole group is resolved (policy, then the group hook). For
+        callers that see one sample at a time, such as verl's ``run_single``. A group that stops
+        growing for ``group_wait`` seconds is resolved with the members it has."""
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        item = as_item(item, 0)
+        coroutine = self._engine.score_in_group(item, uid, group_size, group_wait)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+
     def remaining(self, ticket: int) -> int:
         """Samples of ``ticket`` not yet handed out."""
         return self._call(self._engine.remaining, ticket)

@@ -14,9 +14,9 @@ import inspect
 import logging
 import sys
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Hashable
 
 from verl_async_rm import process_worker
 from verl_async_rm.cache import ResultCache, request_key
@@ -29,6 +29,8 @@ from verl_async_rm.normalize import normalize_group_scores, normalize_score
 from verl_async_rm.outcome import Failed, Outcome, RewardError, RewardFunctionError, RewardItem, Scored, ScoredChunk
 from verl_async_rm.policy import resolve_group
 from verl_async_rm.retry import Backoff, classify
+
+_log = logging.getLogger(__name__)
 
 if sys.version_info >= (3, 11):
 
@@ -60,6 +62,26 @@ class _TicketRun:
         self.deadline_handle: asyncio.TimerHandle | None = None
 
 
+class _StreamGroup:
+    """A group assembled one sample at a time (verl's per-sample ``run_single`` path): every sample
+    starts scoring on arrival; the group is resolved once it is closed (``group_size`` members, or
+    ``group_wait`` seconds without a new one) and all its members are settled."""
+
+    def __init__(self, key: Hashable, group_size: int):
+        self.key = key
+        self.group_size = group_size
+        self.members: list[RewardItem] = []  # arrival order: the order the group hook sees
+        self.arrived: list[float] = []
+        self.outcomes: dict[int, Outcome] = {}
+        self.answers: list[asyncio.Future] = []
+        self.closed = False
+        self.wait_handle: asyncio.TimerHandle | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.closed and len(self.outcomes) == len(self.members)
+
+
 class ScoringEngine:
     def __init__(self, reward: UserReward, config: AgentConfig, token_estimator: Callable[[RewardItem], int] | None):
         self.reward = reward
@@ -73,6 +95,9 @@ class ScoringEngine:
         self.metrics = AgentMetrics()
         self.tickets: dict[int, _TicketRun] = {}
         self.drained: set[int] = set()
+        self.streams: dict[Hashable, _StreamGroup] = {}
+        self.closed_early: OrderedDict[Hashable, None] = OrderedDict()  # groups closed by group_wait, recent
+        self.stream_tasks: set[asyncio.Task] = set()
         self.closed = False
         needs_threads = (not reward.score_is_async and config.executor == "thread") or (
             reward.group_hook is not None and not reward.hook_is_async
@@ -118,6 +143,97 @@ class ScoringEngine:
         run = self.tickets.get(ticket)
         return 0 if run is None else run.ledger.remaining_samples
 
+    # -- streaming groups (one sample at a time) -----------------------------------------------------
+    async def score_in_group(
+        self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None
+    ) -> tuple[float, dict]:
+        """Score one sample as a member of the group ``uid``; answer when the whole group is resolved.
+        Without a uid the sample is a group of one."""
+        if self.closed:
+            raise RuntimeError("the reward agent is closed")
+        loop = asyncio.get_running_loop()
+        key: Hashable = ("uid", uid) if uid is not None else ("sample", object())
+        size = group_size if uid is not None else 1
+        group = self.streams.get(key)
+        if (group is not None and group.closed) or (group is None and key in self.closed_early):
+            # A member after the group was closed by group_wait: it starts a new group (never lost,
+            # never waiting forever); the hook then sees the group in two parts.
+            self.metrics.split_groups += 1
+            _log.warning(
+                "group %r got a member after group_wait (%ss) had closed it short of %d samples: the "
+                "wait is shorter than the spread of its generation times; it continues as a new group",
+                uid, group_wait, size,
+            )
+            group = None
+            self.closed_early.pop(key, None)
+        if group is None:
+            group = self.streams[key] = _StreamGroup(key, size)
+        position = len(group.members)
+        group.members.append(item)
+        group.arrived.append(time.monotonic())
+        answer = loop.create_future()
+        group.answers.append(answer)
+        self.metrics.submitted += 1
+        if group.wait_handle is not None:
+            group.wait_handle.cancel()
+            group.wait_handle = None
+        if len(group.members) == size:
+            group.closed = True
+        elif group_wait is not None:
+            group.wait_handle = loop.call_later(group_wait, self._close_stream_group, group)
+        task = loop.create_task(self._stream_sample(group, position, item))
+        self.stream_tasks.add(task)
+        task.add_done_callback(self.stream_tasks.discard)
+        return await answer
+
+    async def _stream_sample(self, group: _StreamGroup, position: int, item: RewardItem) -> None:
+        where = lambda: f"{self.reward.label} on a sample of group {group.key[1]!r}"  # noqa: E731
+        scoring = self._score_cached(item, where)
+        try:
+            deadline = self.config.ticket_deadline
+            outcome = await (_with_timeout(scoring, deadline) if deadline is not None else scoring)
+        except TimeoutError:
+            outcome = Failed("deadline", f"{where()} unfinished at the deadline ({self.config.ticket_deadline}s)")
+        self.metrics.latencies.append(time.monotonic() - group.arrived[position])
+        if isinstance(outcome, Scored):
+            self.metrics.completed += 1
+        else:
+            self.metrics.failed += 1
+            self.metrics.failures_by_kind[outcome.kind] += 1
+        group.outcomes[position] = outcome
+        if group.complete:
+            await self._resolve_stream_group(group)
+
+    def _close_stream_group(self, group: _StreamGroup) -> None:
+        """No new member for ``group_wait`` seconds: the group is what has arrived."""
+        group.closed = True
+        group.wait_handle = None
+        self.closed_early[group.key] = None
+        if len(self.closed_early) > 100_000:
+            self.closed_early.popitem(last=False)
+        if group.complete:
+            task = asyncio.get_running_loop().create_task(self._resolve_stream_group(group))
+            self.stream_tasks.add(task)
+            task.add_done_callback(self.stream_tasks.discard)
+
+    async def _resolve_stream_group(self, group: _StreamGroup) -> None:
+        if self.streams.get(group.key) is group:
+            del self.streams[group.key]
+        positions = list(range(len(group.members)))
+        settled = SettledGroup(group.key, positions, [group.outcomes[p] for p in positions])
+        try:
+            result = self._resolve_by_policy(settled)
+            where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r}"
+            result = await self._apply_hook(result, where)
+        except RewardError as error:
+            for answer in group.answers:
+                if not answer.done():
+                    answer.set_exception(error)
+            return
+        for answer, score, extra in zip(group.answers, result.scores, result.extras):
+            if not answer.done():
+                answer.set_result((score, extra))
+
     # -- one sample ---------------------------------------------------------------------------------
     def _where(self, run: _TicketRun, item: RewardItem) -> str:
         uid = "" if item.uid is None else f", uid {item.uid!r}"
@@ -125,14 +241,14 @@ class ScoringEngine:
 
     async def _run_sample(self, run: _TicketRun, item: RewardItem) -> None:
         try:
-            outcome = await self._score_cached(run, item)
+            outcome = await self._score_cached(item, lambda: self._where(run, item))
         except asyncio.CancelledError:
             return  # cancelled by the deadline, the raise policy or close(): they settle it
         self._settle(run, item.index, outcome)
 
-    async def _score_cached(self, run: _TicketRun, item: RewardItem) -> Outcome:
+    async def _score_cached(self, item: RewardItem, where: Callable[[], str]) -> Outcome:
         if self.cache is None:
-            return await self._score(run, item)
+            return await self._score(item, where)
         key = request_key(item)
         found = self.cache.lookup(key)
         if isinstance(found, Scored):
@@ -147,12 +263,12 @@ class ScoringEngine:
         self.cache.begin(key)
         outcome = None
         try:
-            outcome = await self._score(run, item)
+            outcome = await self._score(item, where)
             return outcome
         finally:
             self.cache.finish(key, outcome)  # None (cancelled) makes waiting duplicates compute their own
 
-    async def _score(self, run: _TicketRun, item: RewardItem) -> Outcome:
+    async def _score(self, item: RewardItem, where: Callable[[], str]) -> Outcome:
         # The attempt loop is ours (tenacity supplies the jittered backoff) because each attempt must
         # give its concurrency slot back while it sleeps and report 429s to the adaptive limiter.
         attempt = 0
@@ -174,7 +290,7 @@ class ScoringEngine:
                     self.limiter.on_throttle(sequence)
                 if not info.retryable or attempt >= self.config.max_attempts:
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
-                    message = f"{self._where(run, item)} failed{tries}: {type(exc).__name__}: {exc}"
+                    message = f"{where()} failed{tries}: {type(exc).__name__}: {exc}"
                     return Failed(info.kind, message, exc, attempt)
                 self.metrics.retries += 1
                 await asyncio.sleep(self.backoff.delay(attempt, info.retry_after))
@@ -182,7 +298,7 @@ class ScoringEngine:
             self.limiter.release()
             self.limiter.on_success()
             try:
-                score, extra = normalize_score(value, lambda: self._where(run, item))
+                score, extra = normalize_score(value, where)
             except RewardFunctionError as exc:
                 return Failed("invalid", str(exc), exc, attempt)
             return Scored(score, extra, attempt)
@@ -232,10 +348,7 @@ class ScoringEngine:
 
     def _resolve(self, run: _TicketRun, group: SettledGroup) -> None:
         try:
-            result = resolve_group(
-                group, self.config.failure_policy, fill_value=self.config.fill_value,
-                neutral_value=self.config.neutral_value,
-            )
+            result = self._resolve_by_policy(group)
         except RewardError as exc:
             self._fail_ticket(run, exc)
             return
@@ -247,30 +360,40 @@ class ScoringEngine:
         task.add_done_callback(run.hook_tasks.discard)
 
     async def _post_process(self, run: _TicketRun, result: GroupResult) -> None:
+        where = f"{self.reward.label}.post_process_scores on group {result.key[1]!r} (ticket {run.ticket})"
+        try:
+            result = await self._apply_hook(result, where)
+        except RewardError as error:
+            self._fail_ticket(run, error)
+            return
+        self._ready(run, result)
+
+    async def _apply_hook(self, result: GroupResult, where: str) -> GroupResult:
+        """The user's group hook on a resolved group. A broken hook fails the whole group, by the
+        policy (``RewardError`` under 'raise')."""
         reward = self.reward
-        where = f"{reward.label}.post_process_scores on group {result.key[1]!r} (ticket {run.ticket})"
+        if reward.group_hook is None:
+            return result
         try:
             if reward.hook_is_async:
                 call = reward.group_hook(list(result.scores))
             else:
                 call = asyncio.get_running_loop().run_in_executor(self.threads, reward.group_hook, list(result.scores))
             values = await _with_timeout(call, self.config.request_timeout)
-            result = GroupResult(result.key, result.indices, normalize_group_scores(values, len(result.indices), where), result.extras)
+            scores = normalize_group_scores(values, len(result.indices), where)
+            return GroupResult(result.key, result.indices, scores, result.extras)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a broken hook fails its whole group, by the policy
+        except Exception as exc:  # noqa: BLE001 - reported through the policy
             self.metrics.failures_by_kind["hook_error"] += 1
             failure = Failed("hook_error", f"{where} failed: {type(exc).__name__}: {exc}", exc)
-            try:
-                result = resolve_group(
-                    SettledGroup(result.key, result.indices, [failure] * len(result.indices)),
-                    self.config.failure_policy, fill_value=self.config.fill_value,
-                    neutral_value=self.config.neutral_value,
-                )
-            except RewardError as error:
-                self._fail_ticket(run, error)
-                return
-        self._ready(run, result)
+            return self._resolve_by_policy(SettledGroup(result.key, result.indices, [failure] * len(result.indices)))
+
+    def _resolve_by_policy(self, group: SettledGroup) -> GroupResult:
+        return resolve_group(
+            group, self.config.failure_policy, fill_value=self.config.fill_value,
+            neutral_value=self.config.neutral_value,
+        )
 
     def _ready(self, run: _TicketRun, result: GroupResult) -> None:
         run.ledger.mark_ready(result)
@@ -351,7 +474,7 @@ class ScoringEngine:
             if inspect.isawaitable(result):
                 await result
         except Exception:  # noqa: BLE001 - shutdown goes on; the user sees why
-            logging.getLogger(__name__).warning("closing %s failed", self.reward.label, exc_info=True)
+            _log.warning("closing %s failed", self.reward.label, exc_info=True)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -359,6 +482,15 @@ class ScoringEngine:
         for run in list(self.tickets.values()):
             pending += [*run.tasks.values(), *run.hook_tasks]
             self._fail_ticket(run, RuntimeError("the reward agent was closed"))
+        pending += list(self.stream_tasks)
+        for group in self.streams.values():
+            if group.wait_handle is not None:
+                group.wait_handle.cancel()
+            for answer in group.answers:
+                if not answer.done():
+                    answer.set_exception(RuntimeError("the reward agent was closed"))
+        for task in self.stream_tasks:
+            task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         await self._close_reward()

@@ -28,7 +28,7 @@ SCORE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 class RewardSpec:
     """Where a reward lives; enough to load it again in another process."""
 
-    path: str
+    path: str | None  # None: ``name`` is "package.module:attribute"
     name: str
     kwargs: dict = field(default_factory=dict)
 
@@ -87,18 +87,34 @@ def load_module(path: str):
     return module
 
 
-def load_reward(path: str, name: str, kwargs: dict | None = None) -> UserReward:
-    module = load_module(path)
-    if not hasattr(module, name):
+def _find(spec: RewardSpec) -> Any:
+    """The object a spec names: ``name`` in the file ``path``, or ``"package.module:attribute"``."""
+    if spec.path is None:
+        module_name, sep, attribute = spec.name.partition(":")
+        if not sep:
+            raise ValueError(f"without a path, the reward name must read 'package.module:attribute', got {spec.name!r}")
+        return getattr(importlib.import_module(module_name), attribute)
+    module = load_module(spec.path)
+    if not hasattr(module, spec.name):
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise AttributeError(f"{path} has no attribute {name!r}; callables there: {public}")
-    return wrap_reward(getattr(module, name), kwargs, spec=RewardSpec(path, name, dict(kwargs or {})))
+        raise AttributeError(f"{spec.path} has no attribute {spec.name!r}; callables there: {public}")
+    return getattr(module, spec.name)
+
+
+def load_reward(path: str | None, name: str, kwargs: dict | None = None) -> UserReward:
+    """From a file (``path`` + ``name``), or from an importable module when ``path`` is None and
+    ``name`` reads ``"package.module:attribute"``."""
+    spec = RewardSpec(path, name, dict(kwargs or {}))
+    return wrap_reward(_find(spec), kwargs, spec=spec)
 
 
 def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None = None) -> UserReward:
     """Accept a function, a class (instantiated here with ``kwargs``) or an instance with ``compute_score``."""
     kwargs = dict(kwargs or {})
-    label = f"{os.path.basename(spec.path)}:{spec.name}" if spec else getattr(obj, "__qualname__", repr(obj))
+    if spec is None:
+        label = getattr(obj, "__qualname__", repr(obj))
+    else:
+        label = f"{os.path.basename(spec.path)}:{spec.name}" if spec.path else spec.name
     if inspect.isclass(obj):
         if not callable(getattr(obj, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")
@@ -133,3 +149,17 @@ def _from_instance(instance: Any, label: str, spec: RewardSpec | None) -> UserRe
         spec=spec,
         instance=instance,
     )
+
+
+def check_spec(spec: RewardSpec) -> None:
+    """Fail early on a bad path, name or signature without instantiating a class (its constructor
+    may open connections); the agent loads the reward for real where it runs."""
+    target = _find(spec)
+    label = f"{os.path.basename(spec.path)}:{spec.name}" if spec.path else spec.name
+    if inspect.isclass(target):
+        if not callable(getattr(target, "compute_score", None)):
+            raise RewardFunctionError(f"class {label} has no compute_score method")
+    elif not callable(target):
+        raise RewardFunctionError(f"{label} is a {type(target).__name__}, not a function or a class")
+    else:
+        _check_signature(target, label, spec.kwargs)

@@ -18,6 +18,7 @@ class AgentMetrics:
         self.throttled = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.split_groups = 0  # streamed groups closed by group_wait before their last member came
         self.failures_by_kind: Counter[str] = Counter()
         self.attempt_errors_by_kind: Counter[str] = Counter()  # every failed attempt, retried or not
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -38,6 +39,7 @@ class AgentMetrics:
             "throttled": self.throttled,
             "cache_hits": self.cache_hits,
             "cache_misses": self.cache_misses,
+            "split_groups": self.split_groups,
             "failures_by_kind": dict(self.failures_by_kind),
             "attempt_errors_by_kind": dict(self.attempt_errors_by_kind),
             "latency_p50": p50,

@@ -30,6 +30,9 @@ class RewardAgentActor:
     async def get(self, ticket: int, n: int | None = None) -> ScoredChunk:
         return await self._agent.aget(ticket, n)
 
+    async def score_in_group(self, item: dict, uid=None, group_size: int = 1, group_wait: float | None = None):
+        return await self._agent.ascore_in_group(item, uid, group_size, group_wait)
+
     def remaining(self, ticket: int) -> int:
         return self._agent.remaining(ticket)
 

@@ -1,0 +1,1 @@
+"""verl integration: the ``async_agent`` reward manager and its registration."""

@@ -1,0 +1,44 @@
+"""Register ``async_agent`` in verl 0.9's two reward-manager registries, when verl imports them.
+
+Called from the ``verl.plugins`` entry point, i.e. inside every ``import verl``; registration waits
+for verl's own import of each registry (see ``import_hooks``), so a verl process that never looks
+a reward manager up pays nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from verl_async_rm.integration.import_hooks import after_import
+from verl_async_rm.verl_compat import require_verl
+
+REWARD_LOOP_REGISTRY = "verl.experimental.reward_loop.reward_manager.registry"
+LEGACY_REGISTRY = "verl.workers.reward_manager.registry"
+INTERNALS = (
+    (REWARD_LOOP_REGISTRY, "register"),
+    (LEGACY_REGISTRY, "register"),
+    ("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase"),
+)
+
+
+def _register_into(registry: ModuleType) -> None:
+    try:
+        require_verl("async_agent reward manager", ((registry.__name__, "register"),))
+        from verl_async_rm.integration.reward_manager import NAME, AsyncAgentRewardManager
+
+        registry.register(NAME)(AsyncAgentRewardManager)
+    except Exception as exc:
+        # verl would swallow this at DEBUG level and later report only "Unknown reward manager".
+        print(
+            f"[verl_async_rm] could not register the async_agent reward manager in {registry.__name__}: "
+            f"{type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+
+
+def install() -> None:
+    after_import(REWARD_LOOP_REGISTRY, _register_into)
+    after_import(LEGACY_REGISTRY, _register_into)

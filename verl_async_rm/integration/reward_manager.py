@@ -1,0 +1,87 @@
+"""``async_agent``: a verl reward manager that routes every sample through the shared agent.
+
+Registered in both of verl 0.9's registries, like verl's own ``limited.py``:
+- reward loop (``RewardManagerBase.run_single``, one sample per call from the RewardLoopWorkers):
+  each sample is scored by the job's one agent actor and answered when its GRPO group (same ``uid``)
+  is resolved, so limits are global and ``post_process_scores`` sees whole groups;
+- legacy (``__call__(data, return_dict)``): the whole batch goes to the agent as one ticket.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl_async_rm.integration.client import AgentClient
+from verl_async_rm.integration.decode import decode_requests, group_size_of, valid_response_lengths
+from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.loader import check_spec
+
+NAME = "async_agent"
+
+
+class AsyncAgentRewardManager(RewardManagerBase):
+    def __init__(
+        self,
+        config: DictConfig | None = None,
+        tokenizer: Any = None,
+        compute_score: Any = None,  # verl's pre-wrapped function: unused, we load the reward ourselves
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+        num_examine: int | None = None,  # legacy signature, unused
+        reward_fn_key: str | None = None,
+        **kwargs: Any,
+    ):
+        if tokenizer is None:
+            raise TypeError("the async_agent reward manager needs a tokenizer")
+        super().__init__(config if config is not None else DictConfig({"reward": {}}), tokenizer, compute_score)
+        self.settings = settings_from_verl_config(self.config)
+        if reward_fn_key:
+            self.settings = type(self.settings)(**{**self.settings.__dict__, "reward_fn_key": reward_fn_key})
+        check_spec(self.settings.reward)  # a bad path/name fails here, at start, in this process
+        self.client = AgentClient(self.settings)
+
+    # -- reward loop: one sample per call ---------------------------------------------------------
+    async def run_single(self, data: DataProto) -> dict:
+        data = data[-1:]  # multi-sequence outputs: the reward is computed on the last sequence, as naive does
+        request = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)[0]
+        uid = request.pop("uid")
+        score, extra = await self.client.score_in_group(request, uid, self.settings.group_size, self.settings.group_wait)
+        return {"reward_score": score, "reward_extra_info": self._fixed_keys(score, extra)}
+
+    def _fixed_keys(self, score: float, extra: dict) -> dict:
+        """verl stacks per-sample extra info by the FIRST sample's keys, so every sample must carry
+        the same keys, success or failure: ``acc`` (as naive), the failure flags, and the declared
+        ``extra_keys`` (None where a sample has none)."""
+        failed = extra.get("reward_failed", 0)
+        fixed = {
+            "acc": None if failed else extra.get("acc", score),
+            "reward_failed": failed,
+            "reward_failure": extra.get("reward_failure") or "",
+        }
+        for key in self.settings.extra_keys:
+            fixed[key] = extra.get(key)
+        return fixed
+
+    # -- legacy: the whole batch at once ---------------------------------------------------------
+    def __call__(self, data: DataProto, return_dict: bool = False):
+        if "rm_scores" in data.batch.keys():  # already scored upstream
+            if return_dict:
+                keys = data.meta_info.get("reward_extra_keys", [])
+                return {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {k: data.non_tensor_batch[k] for k in keys}}
+            return data.batch["rm_scores"]
+        requests = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)
+        chunk = self.client.score_batch(requests, group_size_of(requests))
+        lengths = valid_response_lengths(data)
+        reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+        rows = torch.as_tensor(chunk.indices)
+        reward_tensor[rows, lengths[rows] - 1] = torch.as_tensor(chunk.scores, dtype=torch.float32)
+        if not return_dict:
+            return reward_tensor
+        extra_info: dict[str, list] = defaultdict(list, {k: list(v) for k, v in chunk.extra_info.items()})
+        return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info}

@@ -1,0 +1,76 @@
+"""The ``async_agent`` manager's settings, read from verl's config and validated at start.
+
+Agent settings live in a ``reward.async_agent`` block (``+reward.async_agent.max_concurrency=64`` with
+verl's own config; declared with defaults in ``hydra_conf/``). Besides every ``AgentConfig`` field it
+takes the integration's own keys below. The reward itself comes from verl's usual
+``reward.custom_reward_function.path/name`` (+ ``reward_kwargs``); without one, verl's
+``default_compute_score``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_async_rm.config import AgentConfig
+from verl_async_rm.loader import RewardSpec
+from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
+
+DEFAULT_REWARD = "verl.utils.reward_score:default_compute_score"
+DEFAULT_GROUP_WAIT = 10.0
+
+
+@dataclass(frozen=True)
+class AsyncAgentSettings:
+    agent: AgentConfig
+    reward: RewardSpec
+    group_size: int  # samples per uid in training (default: actor_rollout_ref.rollout.n)
+    group_wait: float | None  # per-sample path: a group that stops growing this long is resolved as is
+    actor_name: str  # the named Ray actor every reward worker shares
+    extra_keys: tuple[str, ...]  # user extra-info keys passed through on the per-sample path
+    reward_fn_key: str  # the data field holding the data source (verl's data.reward_fn_key)
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _select(config: Any, dotted: str, default: Any = None) -> Any:
+    value = OmegaConf.select(config, dotted, default=default) if isinstance(config, DictConfig) else default
+    return default if value is None else value
+
+
+def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
+    block = dict(_plain(_select(config, "reward.async_agent", {})) or {})
+    group_size = block.pop("group_size", None)
+    if group_size is None:
+        group_size = _select(config, "actor_rollout_ref.rollout.n", 1)
+    group_wait = block.pop("group_wait", DEFAULT_GROUP_WAIT)
+    actor_name = block.pop("actor_name", None) or DEFAULT_ACTOR_NAME
+    extra_keys = tuple(block.pop("extra_keys", None) or ())
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"reward.async_agent.group_size must be a positive integer, got {group_size!r}")
+    if group_wait is not None and not (isinstance(group_wait, (int, float)) and group_wait > 0):
+        raise ValueError(f"reward.async_agent.group_wait must be a positive number of seconds or null, got {group_wait!r}")
+    try:
+        agent = AgentConfig.from_mapping(block)
+    except ValueError as exc:
+        raise ValueError(f"reward.async_agent: {exc}") from None
+
+    function = _plain(_select(config, "reward.custom_reward_function", {})) or {}
+    path = function.get("path")
+    kwargs = function.get("reward_kwargs") or _plain(_select(config, "reward.reward_kwargs", {})) or {}
+    reward = RewardSpec(path, function.get("name") or "compute_score", dict(kwargs)) if path else RewardSpec(
+        None, DEFAULT_REWARD, dict(kwargs)
+    )
+    return AsyncAgentSettings(
+        agent=agent,
+        reward=reward,
+        group_size=group_size,
+        group_wait=float(group_wait) if group_wait is not None else None,
+        actor_name=str(actor_name),
+        extra_keys=extra_keys,
+        reward_fn_key=_select(config, "data.reward_fn_key", "data_source"),
+    )
