@@ -9,6 +9,7 @@ in completion order. Nothing polls: every wake-up is caused by an event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
@@ -58,6 +59,7 @@ class _TicketRun:
         self.waiters: deque[tuple[int | None, asyncio.Future]] = deque()
         self.error: BaseException | None = None
         self.submitted_at = time.monotonic()
+        self.latencies: dict[int, float] = {}  # settled samples not yet in a ready group
         self.deadline = deadline
         self.deadline_handle: asyncio.TimerHandle | None = None
 
@@ -335,7 +337,9 @@ class ScoringEngine:
     def _settle(self, run: _TicketRun, index: int, outcome: Outcome) -> None:
         if run.error is not None or run.ledger.is_settled(index):
             return
-        self.metrics.latencies.append(time.monotonic() - run.submitted_at)
+        latency = time.monotonic() - run.submitted_at
+        self.metrics.latencies.append(latency)
+        run.latencies[index] = latency
         if isinstance(outcome, Scored):
             self.metrics.completed += 1
         else:
@@ -396,7 +400,9 @@ class ScoringEngine:
         )
 
     def _ready(self, run: _TicketRun, result: GroupResult) -> None:
-        run.ledger.mark_ready(result)
+        latencies = [run.latencies.pop(i) for i in result.indices]
+        ready_after = time.monotonic() - run.submitted_at
+        run.ledger.mark_ready(dataclasses.replace(result, latencies=latencies, ready_after=ready_after))
         self._serve(run)
 
     def _serve(self, run: _TicketRun) -> None:

@@ -28,6 +28,8 @@ class GroupResult:
     indices: list[int]  # ascending
     scores: list[float]
     extras: list[dict]  # per sample, aligned with indices
+    latencies: list[float] | None = None  # per sample: ticket submit -> settled, seconds
+    ready_after: float = 0.0  # ticket submit -> group ready (policy and hook done), seconds
 
 
 def group_key(uid: Hashable | None, index: int, group_size: int) -> Hashable:
@@ -124,18 +126,22 @@ class TicketLedger:
 def assemble_chunk(groups: Iterable[GroupResult]) -> ScoredChunk:
     """Flatten groups into one chunk with indices ascending; extra-info keys are the union, missing
     values None, so every list stays aligned with ``indices``."""
-    rows: list[tuple[int, float, dict]] = []
-    count = 0
+    rows: list[tuple[int, float, dict, float | None]] = []
+    count, ready_after = 0, 0.0
     for group in groups:
         count += 1
-        rows.extend(zip(group.indices, group.scores, group.extras))
+        ready_after = max(ready_after, group.ready_after)
+        latencies = group.latencies or [None] * len(group.indices)
+        rows.extend(zip(group.indices, group.scores, group.extras, latencies))
     rows.sort(key=lambda row: row[0])
     keys: dict[str, None] = {}
-    for _, _, extra in rows:
-        keys.update(dict.fromkeys(extra))
+    for row in rows:
+        keys.update(dict.fromkeys(row[2]))
     return ScoredChunk(
         indices=[r[0] for r in rows],
         scores=[r[1] for r in rows],
         extra_info={k: [r[2].get(k) for r in rows] for k in keys},
         groups=count,
+        latencies=[r[3] for r in rows],
+        ready_after=ready_after,
     )

@@ -48,6 +48,8 @@ class ScoredChunk:
     scores: list[float]
     extra_info: dict[str, list]
     groups: int = 0
+    latencies: list[float | None] = field(default_factory=list)  # per sample: submit -> settled, seconds
+    ready_after: float = 0.0  # submit -> the chunk's last group ready, seconds (the agent's clock)
 
     def __len__(self) -> int:
         return len(self.indices)

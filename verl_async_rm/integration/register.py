@@ -22,9 +22,15 @@ INTERNALS = (
 )
 
 
+MANAGER_MODULE = "verl_async_rm.integration.reward_manager"
+
+
 def _register_into(registry: ModuleType) -> None:
     try:
         require_verl("async_agent reward manager", ((registry.__name__, "register"),))
+        module = sys.modules.get(MANAGER_MODULE)
+        if module is not None and not hasattr(module, "AsyncAgentRewardManager"):
+            return  # our module is being imported right now (it imports verl's base); its last line registers
         from verl_async_rm.integration.reward_manager import NAME, AsyncAgentRewardManager
 
         registry.register(NAME)(AsyncAgentRewardManager)
@@ -42,3 +48,11 @@ def _register_into(registry: ModuleType) -> None:
 def install() -> None:
     after_import(REWARD_LOOP_REGISTRY, _register_into)
     after_import(LEGACY_REGISTRY, _register_into)
+
+
+def register_where_loaded(manager_cls: type, name: str) -> None:
+    """Register into whichever registries are already imported (the rest wait for their import)."""
+    for registry_name in (REWARD_LOOP_REGISTRY, LEGACY_REGISTRY):
+        registry = sys.modules.get(registry_name)
+        if registry is not None and hasattr(registry, "register"):
+            registry.register(name)(manager_cls)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm.integration.client import AgentClient
+from verl_async_rm.integration.register import register_where_loaded
 from verl_async_rm.integration.decode import decode_requests, group_size_of, valid_response_lengths
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
@@ -85,3 +86,6 @@ class AsyncAgentRewardManager(RewardManagerBase):
             return reward_tensor
         extra_info: dict[str, list] = defaultdict(list, {k: list(v) for k, v in chunk.extra_info.items()})
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info}
+
+
+register_where_loaded(AsyncAgentRewardManager, NAME)
