@@ -12,6 +12,9 @@ from omegaconf import DictConfig, open_dict
 
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
+from verl_async_rm.strategies.plan import strategy_from_mapping
+
+AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
 
 
 def migrate_legacy_selector(config: DictConfig) -> DictConfig:
@@ -29,16 +32,41 @@ def migrate_legacy_selector(config: DictConfig) -> DictConfig:
 
 def prepare(config: DictConfig) -> DictConfig:
     config = migrate_legacy_selector(config)
-    if config.reward.reward_manager.name == "async_agent":
+    strategy = strategy_from_mapping(config)
+    if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
         check_spec(settings_from_verl_config(config).reward)  # bad settings or reward: fail now, not in a worker
+    if strategy.enabled:
+        if config.trainer.get("use_v1", True):
+            raise ValueError(
+                "mini_batch_pipeline / off_policy_steps run on verl's v0 trainer for now: add trainer.use_v1=False"
+            )
+        agent = config.actor_rollout_ref.rollout.agent
+        chosen = agent.get("agent_loop_manager_class")
+        if chosen and chosen != AGENT_LOOP_CLASS:
+            raise ValueError(f"the strategies need agent_loop_manager_class={AGENT_LOOP_CLASS}, not {chosen}")
+        with open_dict(config):
+            agent.agent_loop_manager_class = AGENT_LOOP_CLASS  # training generation without in-loop rewards
     return config
 
 
 @hydra.main(config_path="pkg://hydra_conf", config_name="async_ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
-    from verl.trainer.main_ppo import main as verl_main
+    config = prepare(config)
+    if not strategy_from_mapping(config).enabled:
+        from verl.trainer.main_ppo import main as verl_main
 
-    verl_main.__wrapped__(prepare(config))  # verl's own body, undecorated
+        verl_main.__wrapped__(config)  # verl's own body, undecorated
+        return
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    from verl_async_rm.strategies.v0_runner import AsyncRewardTaskRunnerActor
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,23 @@ class AgentClient:
             return await self._actor.score_in_group.remote(request, uid, group_size, group_wait)
         return await self._local.ascore_in_group(request, uid, group_size, group_wait)
 
-    def score_batch(self, requests: list[dict], group_size: int) -> ScoredChunk:
+    def submit(self, requests: list[dict], group_size: int) -> int:
         if self._actor is not None:
             import ray
 
-            ticket = ray.get(self._actor.submit.remote(requests, group_size))
-            return ray.get(self._actor.get.remote(ticket))
-        return self._local.get_all(self._local.submit(requests, group_size))
+            return ray.get(self._actor.submit.remote(requests, group_size))
+        return self._local.submit(requests, group_size)
+
+    def take(self, ticket: int, n: int | None = None) -> ScoredChunk:
+        """Whole groups totalling ``n`` samples (all that remain when None), blocking until ready."""
+        if self._actor is not None:
+            import ray
+
+            return ray.get(self._actor.get.remote(ticket, n))
+        return self._local.get(ticket, n)
+
+    def score_batch(self, requests: list[dict], group_size: int) -> ScoredChunk:
+        return self.take(self.submit(requests, group_size))
 
     def metrics(self) -> dict:
         if self._actor is not None:

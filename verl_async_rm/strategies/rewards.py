@@ -1,0 +1,63 @@
+"""A generated batch's rewards as one agent ticket: submit the moment generation ends, take whole
+groups back (all, or a mini-batch's worth) as verl's token-level reward tensors."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from verl_async_rm.integration.client import AgentClient
+from verl_async_rm.integration.decode import decode_requests, group_size_of, valid_response_lengths
+from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.outcome import ScoredChunk
+from verl_async_rm.strategies.timing import RewardTiming
+
+
+@dataclass
+class PendingRewards:
+    ticket: int
+    samples: int
+    group_size: int
+    timing: RewardTiming
+    latencies: list[float] = field(default_factory=list)
+    failed: int = 0
+
+
+class BatchRewards:
+    def __init__(self, config, tokenizer):
+        self.settings = settings_from_verl_config(config)
+        self.client = AgentClient(self.settings)
+        self.tokenizer = tokenizer
+
+    def submit(self, batch) -> PendingRewards:
+        requests = decode_requests(batch, self.tokenizer, self.settings.reward_fn_key)
+        group_size = group_size_of(requests)
+        submitted_at = time.monotonic()
+        ticket = self.client.submit(requests, group_size)
+        return PendingRewards(ticket, len(requests), group_size, RewardTiming(submitted_at))
+
+    def take(self, pending: PendingRewards, n: int | None = None) -> ScoredChunk:
+        start = time.monotonic()
+        chunk = self.client.take(pending.ticket, n)
+        pending.timing.blocked += time.monotonic() - start
+        pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
+        pending.latencies += [x for x in chunk.latencies if x is not None]
+        pending.failed += int(sum(chunk.extra_info.get("reward_failed", [])))
+        return chunk
+
+
+def attach_rewards(batch, chunk: ScoredChunk) -> None:
+    """Put the chunk's scores on the last valid response token (``token_level_scores``) of ``batch``,
+    whose rows are the chunk's samples in the chunk's order, and its extra info beside them."""
+    lengths = valid_response_lengths(batch)
+    scores = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
+    rows = torch.arange(len(chunk.indices))
+    scores[rows, lengths - 1] = torch.as_tensor(chunk.scores, dtype=torch.float32)
+    batch.batch["token_level_scores"] = scores
+    for key, values in chunk.extra_info.items():
+        array = np.empty(len(values), dtype=object)
+        array[:] = values
+        batch.non_tensor_batch[key] = array
