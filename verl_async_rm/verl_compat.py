@@ -1,4 +1,4 @@
-"""The one place that knows which verl releases and internals this package relies on.
+"""The one place that knows which verl releases this package supports, and how to say so.
 
 Every verl-facing module declares the (module, attribute) pairs it needs and calls ``require_verl``
 before touching them, so a verl that moved them fails with one clear error naming the installed
@@ -26,19 +26,36 @@ def verl_version() -> str:
     return getattr(verl, "__version__", "unknown")
 
 
-def require_verl(feature: str, internals: tuple[tuple[str, str], ...] = ()) -> str:
-    """Check the verl release and that every ``(module, attribute)`` exists; returns the version."""
-    version = verl_version()
+def check_version(version: str | None = None, feature: str = "verl_async_rm") -> str:
+    """Raise unless ``version`` (default: the imported verl's) is a supported release."""
+    version = version or verl_version()
     low, high = SUPPORTED_VERL
     if not _parse(low) <= _parse(version) < _parse(high):
         raise VerlVersionError(
-            f"verl_async_rm's {feature} supports verl>={low},<{high}; the installed verl is {version}"
+            f"{feature} supports verl>={low},<{high}; installed verl is {version}. It relies on verl "
+            "internals (registries, trainer hooks) that move between releases."
         )
+    return version
+
+
+def check_installed_version(feature: str = "verl_async_rm") -> str:
+    """The same check from package metadata, without importing verl (a launcher's preflight)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return check_version(version("verl"), feature)
+    except PackageNotFoundError as exc:
+        raise VerlVersionError("verl is not installed") from exc
+
+
+def require_verl(feature: str, internals: tuple[tuple[str, str], ...] = ()) -> str:
+    """Check the release and that every ``(module, attribute)`` exists; returns the version."""
+    version = check_version(feature=feature)
     for module_name, attribute in internals:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise VerlVersionError(f"{feature} needs {module_name}, missing in verl {version}: {exc}") from None
+            raise VerlVersionError(f"verl {version}: module {module_name} is missing ({exc}); {feature} needs it") from exc
         if not hasattr(module, attribute):
-            raise VerlVersionError(f"{feature} needs {module_name}.{attribute}, missing in verl {version}")
+            raise VerlVersionError(f"verl {version}: {module_name}.{attribute} is missing; {feature} needs it")
     return version

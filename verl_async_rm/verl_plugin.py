@@ -15,7 +15,9 @@ _log = logging.getLogger("verl_async_rm")
 
 def _load() -> None:
     try:
-        pass  # registrations are added here by the verl-integration modules
+        from verl_async_rm.integration.register import install
+
+        install()  # async_agent, registered when verl imports its reward-manager registries
         from verl_async_rm.cpu_backend import activate_if_requested  # CPU backend, only if VERL_ASYNC_RM_CPU=1
 
         activate_if_requested()

@@ -69,6 +69,15 @@ class _LoaderStateOverride:
         return getattr(self._loader, name)
 
 
+def images_seqlens(batch: DataProto) -> list:
+    """verl's per-batch list of image sequence lengths (empty for text-only batches)."""
+    lengths = []
+    for inputs in batch.non_tensor_batch.get("multi_modal_inputs", []):
+        if inputs is not None and "image_grid_thw" in inputs.keys():
+            lengths.extend(inputs["images_seqlens"].tolist())
+    return lengths
+
+
 def merge_metric_lists(into: dict[str, list], metrics: dict[str, Any]) -> None:
     """Concatenate per-mini-batch metric lists from K update calls, so reducing them gives what one
     call over the whole batch would have reported."""
@@ -223,6 +232,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         if self.config.trainer.balance_batch:
             self._balance_batch(batch, metrics=metrics)  # before submitting: indices refer to this order
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
             rewards = self.rewards.submit(batch)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
@@ -243,8 +253,12 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
             with marked_timer("reward_wait", timing_raw, color="yellow"):
                 chunk = self.rewards.take(current.rewards, self.plan.samples_per_mini_batch)
             piece = batch if self.plan.mini_batches == 1 else batch[chunk.indices]
-            if piece is not batch:
-                piece.meta_info = {**batch.meta_info, "global_token_num": [batch.meta_info["global_token_num"][i] for i in chunk.indices]}
+            if piece is not batch:  # select_idxs shares meta_info: give the slice its own, per-slice values
+                piece.meta_info = {
+                    **batch.meta_info,
+                    "global_token_num": [batch.meta_info["global_token_num"][i] for i in chunk.indices],
+                    "images_seqlens": images_seqlens(piece),
+                }
             attach_rewards(piece, chunk)
             piece = self._advantages(piece, metrics, timing_raw)
             last = part == self.plan.mini_batches - 1
@@ -259,15 +273,18 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
             parts.append(piece)
         if len(parts) > 1:
             token_nums = [n for part in parts for n in part.meta_info.pop("global_token_num")]
+            for part in parts:
+                part.meta_info.pop("images_seqlens")
             batch = DataProto.concat(parts)
             batch.meta_info["global_token_num"] = token_nums  # per sample, in the concatenated order
+            batch.meta_info["images_seqlens"] = images_seqlens(batch)
         metrics.update(reduce_metrics(critic_metrics))
         metrics.update(reduce_metrics(actor_metrics))
         self._save_and_sync(update_actor, is_last_step, timing_raw)
         metrics.update(self._reward_metrics(current))
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:
-            extra = {k: list(batch.non_tensor_batch[k]) for k in ("reward_failed",) if k in batch.non_tensor_batch}
+            extra = {k: list(batch.non_tensor_batch[k]) for k in ("uid", "reward_failed") if k in batch.non_tensor_batch}
             self._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)
         return batch
 

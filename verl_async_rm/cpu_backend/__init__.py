@@ -1,0 +1,129 @@
+"""Run verl's real PPO/GRPO trainer on CPU: platform, HF rollout, tiny model, toy task, launcher.
+
+Importing this package is cheap (no verl, Ray or torch import). The verl-facing parts are
+registered by :func:`activate`, which the package's ``verl.plugins`` entry point calls in every
+verl process (driver and Ray workers) when ``VERL_ASYNC_RM_CPU=1``; the launcher sets it.
+
+Typical use::
+
+    python -m verl_async_rm.cpu_backend --trainer v1 --steps 4 --out /tmp/run
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV_FLAG = "VERL_ASYNC_RM_CPU"
+TMP_DIR_ENV = "VERL_ASYNC_RM_CPU_TMPDIR"  # per-run scratch dir the launcher creates and removes
+
+__all__ = ["ENV_FLAG", "activate", "activate_if_requested", "is_requested"]
+
+_activated = False
+
+
+def is_requested() -> bool:
+    return os.environ.get(ENV_FLAG, "0").strip().lower() in ("1", "true", "yes")
+
+
+def activate_if_requested() -> bool:
+    """Called from ``verl_async_rm.verl_plugin`` on every ``import verl``; a no-op unless requested."""
+    if not is_requested():
+        return False
+    activate()
+    return True
+
+
+def activate() -> None:
+    """Register the CPU platform and the ``hf_cpu`` rollout with verl (idempotent, per process)."""
+    global _activated
+    if _activated:
+        return
+    from ._compat import check_verl, check_version
+
+    check_version()
+    # Before check_verl(): it imports checkpoint_engine.base, which binds the function by name.
+    _patch_process_group_backend()
+    check_verl()
+    _register_platform()
+    _register_rollout()
+    # verl picks the training engine by (device, vendor); the FSDP engines are registered for
+    # "cuda" only, and are plain torch, so they run on CPU once selected (verl's own override).
+    os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
+    _activated = True
+
+
+def _register_platform() -> None:
+    from verl.plugin.platform import platform_manager
+
+    from .cpu_platform import PLATFORM_NAME, PlatformCPU
+
+    platform_manager.PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    os.environ["VERL_PLATFORM"] = PLATFORM_NAME  # verl's own override of auto-detection
+    current = platform_manager._current_platform
+    if current is not None and not isinstance(current, PlatformCPU):
+        # Something resolved the platform before the plugin ran (it fell back to "nvidia").
+        platform_manager.set_platform(PlatformCPU())
+
+
+def _patch_process_group_backend() -> None:
+    """PATCH verl.utils.distributed.initialize_global_process_group_ray (runtime, not on disk).
+
+    Why: it builds ``f"cpu:gloo,{device}:{backend}"``, which on CPU is ``cpu:gloo,cpu:gloo`` and
+    torch rejects duplicated device types. We default ``backend`` to ``"cpu:gloo"``; callers that
+    pass one (checkpoint_engine/base.py already passes "cpu:gloo") are untouched. Consumers import
+    the function by name (engine_workers.py, checkpoint_engine/base.py) after ``import verl`` has
+    run this plugin, so they bind the wrapper.
+    """
+    import functools
+
+    import verl.utils.distributed as dist_utils
+
+    from ._compat import VerlVersionError, verl_version
+
+    original = getattr(dist_utils, "initialize_global_process_group_ray", None)
+    if original is None:
+        raise VerlVersionError(
+            f"verl {verl_version()}: verl.utils.distributed.initialize_global_process_group_ray is missing"
+        )
+    if getattr(original, "_verl_async_rm_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        # Second reason for the wrapper: verl picks MASTER_PORT by binding port 0 and releasing it;
+        # on a busy box another process grabbed it before the TCPStore bound it (EADDRINUSE, seen
+        # in ~1 of 3 runs here). A single-rank group needs no port: rendezvous through a fresh file
+        # (verl reads DIST_INIT_METHOD for exactly this). Multi-rank groups keep verl's env://.
+        if os.environ.get("WORLD_SIZE", "1") == "1" and not os.environ.get("DIST_INIT_METHOD"):
+            import tempfile
+
+            # Under the launcher's per-run temp dir (removed after the run) when there is one.
+            parent = os.environ.get(TMP_DIR_ENV) or None
+            store = os.path.join(tempfile.mkdtemp(prefix="verl_pg_", dir=parent), "store")
+            os.environ["DIST_INIT_METHOD"] = f"file://{store}"
+            try:
+                return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+            finally:
+                os.environ.pop("DIST_INIT_METHOD", None)
+        return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
+
+    initialize_global_process_group_ray._verl_async_rm_cpu = True
+    dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def _register_rollout() -> None:
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from .names import ADAPTER_FQN, ROLLOUT_NAME
+
+    # Both lazy: this runs inside ``import verl``, and rollout.py itself imports verl.
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica_class)
+    # Worker-side adapter table is private in verl 0.9.1 (no register function); checked by _compat.
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+
+
+def _load_replica_class():
+    from .rollout import HFCPUReplica
+
+    return HFCPUReplica

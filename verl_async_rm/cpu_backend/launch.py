@@ -1,0 +1,407 @@
+"""Launcher: verl's own ``main_ppo`` (v0 or v1 trainer) on CPU, as a subprocess, with progress.
+
+``build_overrides()`` returns the hydra override list (settings that make verl 0.9.1 run on CPU,
+plus the caller's reward and extra overrides); ``run()`` prepares model/data if needed, runs the
+entry module in its own Ray cluster with a timeout, shows per-step progress from verl's metrics
+file, and returns the metrics (JSONL written by verl's ``file`` logger).
+
+Why a subprocess: main_ppo calls ``ray.init`` itself and owns the process; running it in a child
+lets a hang fail by timeout and lets us kill exactly the processes it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import ENV_FLAG, TMP_DIR_ENV
+from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME
+
+DEFAULT_ENTRY = "verl.trainer.main_ppo"
+
+
+@dataclass
+class CPURunConfig:
+    out_dir: str
+    trainer: str = "v1"  # "v1" (trainer.use_v1=True, verl's default) or "v0" (legacy RayPPOTrainer)
+    steps: int = 2
+    seed: int = 0
+    # model/data: built under out_dir when not given (tiny random Qwen2, toy "letter case" task)
+    model_dir: Optional[str] = None
+    train_file: Optional[str] = None
+    val_file: Optional[str] = None
+    # GRPO shape: train_batch_size prompts x rollout_n samples per step
+    train_batch_size: int = 8
+    rollout_n: int = 4
+    max_prompt_length: int = 64
+    response_length: int = 16
+    lr: float = 1e-2  # high for RL, right for an ~80k-param model: the toy reward rises within ~20 steps
+    # validation / checkpoints (verl semantics: -1 disables)
+    val_before_train: bool = True
+    test_freq: int = -1
+    save_freq: int = -1
+    resume: bool = True  # trainer.resume_mode=auto: continue from the latest checkpoint in out_dir
+    # reward: a file/function in verl's custom_reward_function format; default the toy task's
+    reward_path: Optional[str] = None
+    reward_name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_manager: Optional[str] = None  # reward.reward_manager.name (e.g. "naive", "async_agent")
+    weight_sync: bool = True  # False: negative control, rollout keeps its initial weights
+    extra_overrides: list[str] = field(default_factory=list)  # appended last, so they win
+    entry_module: str = DEFAULT_ENTRY  # e.g. "verl_async_rm.main_ppo"
+    num_cpus: int = 8  # Ray logical CPUs (verl schedules several CPU actors; 2 real cores are fine)
+    timeout_s: Optional[float] = 900.0
+    verbose: bool = False  # echo the trainer's output (always written to out_dir/train-N.log)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # v1 only: poll TransferQueue every N s instead of verl's fixed 2 s (see v1_sampler.py). None
+    # keeps verl's built-in sampler; set e.g. 0.05 when step timings matter (benchmarks).
+    v1_poll_interval_s: Optional[float] = None
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    wall_time_s: float
+    metrics: list[dict]  # [{"step": int, "data": {...}}, ...] from this run
+    metrics_path: str
+    log_path: str
+    overrides: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(m["step"], m["data"][key]) for m in self.metrics if key in m["data"]]
+
+
+def toy_reward_path() -> str:
+    from . import toy_task
+
+    return os.path.abspath(toy_task.__file__)
+
+
+def prepare_assets(cfg: CPURunConfig) -> CPURunConfig:
+    """Build the tiny model and the toy dataset under out_dir if the caller gave none."""
+    from .tiny_model import build_tiny_model
+    from .toy_task import write_dataset
+
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    if cfg.model_dir is None:
+        cfg.model_dir = build_tiny_model(os.path.join(cfg.out_dir, "model"))
+    if cfg.train_file is None or cfg.val_file is None:
+        train, val = write_dataset(os.path.join(cfg.out_dir, "data"), seed=cfg.seed)
+        cfg.train_file = cfg.train_file or train
+        cfg.val_file = cfg.val_file or val
+    return cfg
+
+
+def _hydra_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # quoted, so commas/colons survive hydra's parser
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    raise TypeError(f"cannot express {value!r} as a hydra override")
+
+
+def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None) -> list[str]:
+    """Hydra overrides for verl's ppo_trainer config that make the real trainer run on CPU."""
+    if cfg.trainer not in ("v0", "v1"):
+        raise ValueError(f"trainer must be 'v0' or 'v1', got {cfg.trainer!r}")
+    if cfg.model_dir is None or cfg.train_file is None or cfg.val_file is None:
+        raise ValueError("call prepare_assets() first or pass model_dir/train_file/val_file")
+    micro = cfg.train_batch_size * cfg.rollout_n
+    ov = [
+        # algorithm: GRPO, no critic, no reference model (no KL) -> one FSDP worker
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "algorithm.use_kl_in_reward=false",
+        # data (verl parquet); workers=0: forked loader workers crashed at teardown on CPU
+        f"data.train_files={cfg.train_file}",
+        f"data.val_files={cfg.val_file}",
+        f"data.train_batch_size={cfg.train_batch_size}",
+        f"data.max_prompt_length={cfg.max_prompt_length}",
+        f"data.max_response_length={cfg.response_length}",
+        "data.dataloader_num_workers=0",
+        f"data.seed={cfg.seed}",
+        # model: local tiny Qwen2, eager attention, padded batches (no flash-attn varlen on CPU)
+        f"actor_rollout_ref.model.path={cfg.model_dir}",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        # actor: FSDP2 in fp32 (CPU bf16 is slow and drifts from the fp32 rollout), no torch.compile
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.train_batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.actor.fsdp_config.seed={cfg.seed}",
+        # rollout: HF on CPU, one replica, weight sync through the "naive" checkpoint engine
+        f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+        f"actor_rollout_ref.rollout.n={cfg.rollout_n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"actor_rollout_ref.rollout.seed={cfg.seed}",
+        # reward
+        f"reward.custom_reward_function.path={cfg.reward_path or toy_reward_path()}",
+        f"reward.custom_reward_function.name={cfg.reward_name}",
+        "reward.num_workers=1",
+        # trainer
+        f"trainer.use_v1={'true' if cfg.trainer == 'v1' else 'false'}",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={cfg.steps}",
+        "trainer.total_epochs=1000",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=verl_async_rm_cpu",
+        f"trainer.experiment_name=cpu_{cfg.trainer}",
+        f"trainer.default_local_dir={os.path.join(os.path.abspath(cfg.out_dir), 'checkpoints')}",
+        f"trainer.val_before_train={'true' if cfg.val_before_train else 'false'}",
+        f"trainer.test_freq={cfg.test_freq}",
+        f"trainer.save_freq={cfg.save_freq}",
+        f"trainer.resume_mode={'auto' if cfg.resume else 'disable'}",
+        # v1 stores batches in TransferQueue; 8 storage actors never get scheduled on a small box
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        # Ray: a fresh local cluster with one fake GPU for verl's placement groups
+        "+ray_kwargs.ray_init.address=local",
+        f"ray_kwargs.ray_init.num_cpus={cfg.num_cpus}",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}='1'",
+    ]
+    if ray_tmp_dir:
+        ov.append(f"+ray_kwargs.ray_init._temp_dir={ray_tmp_dir}")
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{TMP_DIR_ENV}={ray_tmp_dir}")
+    if not cfg.weight_sync:
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{NO_WEIGHT_SYNC_ENV}='1'")
+    if cfg.reward_kwargs:
+        ov.append(f"+reward.custom_reward_function.reward_kwargs={_hydra_value(cfg.reward_kwargs)}")
+    if cfg.reward_manager:
+        ov.append(f"reward.reward_manager.name={cfg.reward_manager}")
+    if cfg.v1_poll_interval_s is not None and cfg.trainer == "v1":
+        if any("filter_groups" in o for o in cfg.extra_overrides):
+            raise ValueError("v1_poll_interval_s replaces verl's sampler and does not support algorithm.filter_groups")
+        from . import v1_sampler
+
+        ov += [
+            f"trainer.v1.sampler.custom_sampler.path={os.path.abspath(v1_sampler.__file__)}",
+            "trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer",
+            f"+trainer.v1.sampler.sampler_kwargs.poll_interval={cfg.v1_poll_interval_s}",
+            f"+trainer.v1.sampler.sampler_kwargs.train_batch_size={cfg.train_batch_size}",
+        ]
+    return ov + list(cfg.extra_overrides)
+
+
+def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if tmp_dir:
+        env[TMP_DIR_ENV] = tmp_dir
+    env.pop("RAY_ADDRESS", None)  # never attach to another cluster (e.g. a test session's)
+    env.update(
+        {
+            ENV_FLAG: "1",
+            "VERL_FILE_LOGGER_PATH": metrics_path,
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+            "HYDRA_FULL_ERROR": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    if cfg.weight_sync:
+        env.pop(NO_WEIGHT_SYNC_ENV, None)
+    else:
+        env[NO_WEIGHT_SYNC_ENV] = "1"
+    env.update(cfg.extra_env)
+    return env
+
+
+def _next_run_paths(out_dir: str) -> tuple[str, str]:
+    # verl's FileLogger truncates its file; each run (e.g. a resume) gets metrics-N.jsonl/train-N.log.
+    i = 0
+    while os.path.exists(os.path.join(out_dir, f"metrics-{i}.jsonl")) or os.path.exists(
+        os.path.join(out_dir, f"train-{i}.log")
+    ):
+        i += 1
+    return os.path.join(out_dir, f"metrics-{i}.jsonl"), os.path.join(out_dir, f"train-{i}.log")
+
+
+def read_metrics(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line being written
+    return out
+
+
+def read_all_metrics(out_dir: str) -> list[dict]:
+    """Every run's metrics in out_dir, in run order (metrics-0.jsonl, metrics-1.jsonl, ...)."""
+    out, i = [], 0
+    while os.path.exists(os.path.join(out_dir, f"metrics-{i}.jsonl")):
+        out.extend(read_metrics(os.path.join(out_dir, f"metrics-{i}.jsonl")))
+        i += 1
+    return out
+
+
+REWARD_KEY = "critic/score/mean"
+
+
+def _describe(entry: dict) -> str:
+    data = entry["data"]
+    parts = [f"reward={data[REWARD_KEY]:.4g}"] if REWARD_KEY in data else []
+    # verl names validation metrics val-core/<data_source>/<metric>/mean@<n>
+    parts += [f"val={v:.4g}" for k, v in data.items() if k.startswith("val-core/") and "/mean@" in k][:1]
+    for key, label in (("training/rollout_probs_diff_max", "probs_diff_max"), ("timing_s/step", "step_s")):
+        if key in data:
+            parts.append(f"{label}={data[key]:.4g}")
+    return " ".join(parts)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """End the trainer and everything it started (Ray GCS, raylet, workers), by pid."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _reap_ray_leftovers(ray_tmp_dir: str) -> None:
+    """Kill Ray processes of *this* run that outlived the driver (they mention our temp dir)."""
+    import psutil
+
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != me and any(ray_tmp_dir in (a or "") for a in (p.info["cmdline"] or [])):
+                p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
+    """Run verl's trainer on CPU; returns the exit code, wall time and this run's metrics."""
+    from ._compat import check_installed_version
+
+    check_installed_version()  # fail here, not as a swallowed plugin error inside the trainer
+    prepare_assets(cfg)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    metrics_path, log_path = _next_run_paths(cfg.out_dir)
+    # Short path: Ray puts unix sockets under it (108-byte limit).
+    ray_tmp_dir = tempfile.mkdtemp(prefix="vrc", dir="/tmp")
+    overrides = build_overrides(cfg, ray_tmp_dir=ray_tmp_dir)
+    cmd = [sys.executable, "-m", cfg.entry_module, *overrides]
+    env = build_env(cfg, metrics_path, ray_tmp_dir)
+
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, desc=f"verl {cfg.trainer} on CPU", unit="step", file=sys.stderr)
+        except ImportError:
+            bar = None
+    say = (bar.write if bar is not None else (lambda s: print(s, file=sys.stderr, flush=True))) if progress else None
+
+    if say:
+        say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {log_path}")
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True
+        )
+
+        def pump():
+            for line in proc.stdout:
+                log.write(line)
+                if cfg.verbose:
+                    sys.stderr.write(line)
+            log.flush()
+
+        pump_thread = threading.Thread(target=pump, daemon=True)
+        pump_thread.start()
+        seen, timed_out = 0, False
+        try:
+            while True:
+                rc = proc.poll()
+                entries = read_metrics(metrics_path)
+                for entry in entries[seen:]:
+                    if say:
+                        say(f"[cpu-backend] step {entry['step']}: {_describe(entry)}")
+                    if bar is not None and "training/global_step" in entry["data"]:
+                        bar.update(1)
+                seen = len(entries)
+                if rc is not None:
+                    break
+                if cfg.timeout_s is not None and time.monotonic() - start > cfg.timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                _kill_tree(proc)
+            pump_thread.join(timeout=10)
+            _reap_ray_leftovers(ray_tmp_dir)
+            shutil.rmtree(ray_tmp_dir, ignore_errors=True)
+            if bar is not None:
+                bar.close()
+    wall = time.monotonic() - start
+    rc = proc.returncode if not timed_out else -9
+    if progress and rc != 0:
+        with open(log_path) as f:
+            lines = f.readlines()
+        why = f"rc={rc}, timeout after {cfg.timeout_s:.0f}s" if timed_out else f"rc={rc}"
+        print(f"[cpu-backend] trainer failed ({why}); log: {log_path}", file=sys.stderr)
+        # verl swallows plugin import errors (DEBUG log); ours print this marker, e.g. a version mismatch.
+        plugin_errors = [line for line in lines if "plugin failed to load" in line]
+        print("".join(plugin_errors[:3] + lines[-40:]), file=sys.stderr)
+    elif progress:
+        print(f"[cpu-backend] done in {wall:.1f}s; metrics: {metrics_path}", file=sys.stderr)
+    return RunResult(rc, wall, read_metrics(metrics_path), metrics_path, log_path, overrides)

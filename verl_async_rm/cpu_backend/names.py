@@ -1,0 +1,11 @@
+"""Names shared by the launcher, the plugin hook and the rollout (no verl/Ray import here)."""
+
+ROLLOUT_NAME = "hf_cpu"
+# Negative control for weight sync: when set, the adapter drops every update so the rollout keeps
+# its initial weights and rollout/trainer log-probs drift apart (training/rollout_probs_diff_*).
+NO_WEIGHT_SYNC_ENV = "VERL_ASYNC_RM_CPU_NO_WEIGHT_SYNC"
+ADAPTER_FQN = "verl_async_rm.cpu_backend.rollout.HFServerAdapter"
+
+
+def server_actor_name(replica_rank: int, node_rank: int = 0, kind: str = "") -> str:
+    return f"{ROLLOUT_NAME}_server{kind}_{replica_rank}_{node_rank}"

@@ -1,0 +1,389 @@
+"""Rollout ``hf_cpu``: token-in/token-out generation with Hugging Face transformers on CPU.
+
+verl 0.9.1 rolls out only through server replicas (vLLM/SGLang/TensorRT-LLM); its old
+``hf_rollout.py`` is dead code that nothing in the server path can call. This module supplies the
+three pieces verl expects of a rollout backend:
+
+* ``HFCPUServer`` - the Ray actor the agent loop calls: ``generate(...) -> TokenOutput`` with the
+  sampled ids, their log-probs and ``extra_fields["global_steps"]`` (the weight version), plus the
+  sleep/wake/abort/KV-cache/profile control calls, which are no-ops on CPU (nothing to free).
+* ``HFCPUReplica`` - ``RolloutReplica.launch_servers()`` starting that actor (one per replica).
+* ``HFServerAdapter`` - the ``BaseRollout`` living in the trainer worker. The ``naive`` checkpoint
+  engine hands it the actor's full tensors; it ships them as a CPU state dict to the server.
+
+No HTTP/OpenAI endpoint is served: ``server_address`` is only a unique id for verl's load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Optional
+
+import ray
+import torch
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME, server_actor_name
+
+logger = logging.getLogger(__name__)
+
+
+def _model_path(model_config) -> str:
+    # HFModelConfig (dataclass) carries local_path; the replica gets the raw DictConfig with path.
+    path = getattr(model_config, "local_path", None) or model_config.path
+    return os.path.expanduser(path)
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+# ------------------------------------------------------------------------------------------------
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside top-k / nucleus top-p (vLLM semantics: -1 / 1.0 disable them)."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        remove = cum - torch.softmax(sorted_logits, dim=-1) > top_p  # keep the token crossing top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_idx, sorted_logits)
+    return logits
+
+
+@torch.no_grad()
+def sample_batch(
+    model,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_ids: set[int],
+    ignore_eos: bool,
+    generator: torch.Generator,
+    pad_id: int,
+) -> list[tuple[list[int], list[float], str]]:
+    """Batched autoregressive sampling (left-padded, KV cache); per prompt (ids, log_probs, finish).
+
+    Log-probs are of the processed distribution (temperature, top-k/p), like vLLM's
+    ``processed_logprobs``; the trainer recomputes ``log_softmax(logits / temperature)``, so with
+    top_k=-1/top_p=1 the two agree up to numerics, which is what the weight-sync check measures.
+    """
+    bsz, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((bsz, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((bsz, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    next_pos = position_ids[:, -1:] + 1
+    results: list[tuple[list[int], list[float], str]] = [([], [], "length") for _ in prompts]
+    done = [False] * bsz
+    past = None
+    for _ in range(max(max_tokens)):
+        out = model(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, past_key_values=past, use_cache=True
+        )
+        past = out.past_key_values
+        logits = out.logits[:, -1].float()
+        if temperature and temperature > 0:
+            logits = _filter_logits(logits / temperature, top_k, top_p)
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        else:  # greedy (validation)
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = torch.argmax(logits, dim=-1)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        for i in range(bsz):
+            if done[i]:
+                continue
+            ids, lps, _ = results[i]
+            ids.append(int(tokens[i]))
+            lps.append(float(chosen[i]))
+            if not ignore_eos and int(tokens[i]) in eos_ids:
+                results[i], done[i] = (ids, lps, "stop"), True
+            elif len(ids) >= max_tokens[i]:
+                done[i] = True
+        if all(done):
+            break
+        input_ids = tokens[:, None]  # finished rows keep decoding garbage that is never read
+        attn = torch.cat([attn, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)
+        position_ids, next_pos = next_pos, next_pos + 1
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# server actor
+# ------------------------------------------------------------------------------------------------
+
+
+class HFCPUServer:
+    """One rollout server: a transformers causal LM in fp32 on CPU.
+
+    Concurrent ``generate`` calls are queued and served in batches (requests arriving while a batch
+    runs form the next one), grouped by sampling parameters. The lock makes a weight update wait
+    for the running batch, so each response comes from a single weight version.
+    """
+
+    BATCH_WINDOW_S = 0.005  # let the agent loop's concurrent requests gather before a batch starts
+
+    def __init__(self, config, model_config, replica_rank: int = 0, num_threads: int = 1) -> None:
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        # Ray actors on a small box: keep torch from spawning a thread per core in every process.
+        torch.set_num_threads(max(1, num_threads))
+        self.config = config
+        self.replica_rank = replica_rank
+        path = _model_path(model_config)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+        self.model.eval()
+        eos = None
+        try:
+            eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except OSError:
+            pass
+        eos = eos if eos is not None else self.model.config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+        self.generator = torch.Generator().manual_seed(int(config.seed) + replica_rank)
+        self.global_steps: Optional[int] = None
+        self.weight_updates = 0
+        self._lock = asyncio.Lock()
+        self._warned_keys: set[str] = set()
+        self._queue: list[tuple[tuple, list[int], int, asyncio.Future]] = []
+        self._drainer: Optional[asyncio.Task] = None
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _max_tokens(self, prompt_len: int, sampling_params: dict) -> int:
+        max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
+        room = max_model_len - prompt_len
+        if room < 1:
+            raise ValueError(f"prompt of {prompt_len} tokens leaves no room within max_model_len={max_model_len}")
+        if "max_tokens" in sampling_params:
+            want = sampling_params["max_tokens"]
+        elif "max_new_tokens" in sampling_params:
+            want = sampling_params["max_new_tokens"]
+        else:
+            budget = self.config.prompt_length + self.config.response_length - prompt_len
+            want = min(self.config.response_length, budget)
+        return max(1, min(int(want), room))
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data or video_data or kwargs.get("audio_data"):
+            raise NotImplementedError("hf_cpu rollout is text-only")
+        params = dict(sampling_params)
+        if float(params.get("repetition_penalty", 1.0)) != 1.0:
+            raise NotImplementedError("hf_cpu rollout does not implement repetition_penalty != 1.0")
+        known = {"temperature", "top_p", "top_k", "logprobs", "max_tokens", "max_new_tokens", "repetition_penalty"}
+        for key in set(params) - known - self._warned_keys:
+            self._warned_keys.add(key)
+            logger.warning("hf_cpu rollout ignores sampling param %r", key)
+        key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((key, [int(t) for t in prompt_ids], self._max_tokens(len(prompt_ids), params), future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        ids, lps, finish, version = await future
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=lps if params.get("logprobs") else None,
+            stop_reason="completed",
+            num_preempted=0,
+            extra_fields={"global_steps": version, "finish_reason": finish},
+        )
+
+    async def _drain(self) -> None:
+        while self._queue:
+            await asyncio.sleep(self.BATCH_WINDOW_S)
+            key = self._queue[0][0]
+            limit = max(1, int(self.config.max_num_seqs))
+            batch = [item for item in self._queue if item[0] == key][:limit]
+            self._queue = [item for item in self._queue if not any(item is b for b in batch)]
+            temperature, top_p, top_k = key
+            try:
+                async with self._lock:
+                    version = self.global_steps
+                    results = await asyncio.to_thread(
+                        sample_batch,
+                        self.model,
+                        [b[1] for b in batch],
+                        [b[2] for b in batch],
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_k=top_k,
+                        eos_ids=self.eos_ids,
+                        ignore_eos=bool(self.config.ignore_eos),
+                        generator=self.generator,
+                        pad_id=self.pad_id,
+                    )
+            except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
+                for b in batch:
+                    if not b[3].done():
+                        b[3].set_exception(exc)
+                continue
+            for b, (ids, lps, finish) in zip(batch, results, strict=True):
+                if not b[3].done():
+                    b[3].set_result((ids, lps, finish, version))
+
+    # -- weights -------------------------------------------------------------------------------------
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:
+        async with self._lock:
+            expected = set(self.model.state_dict())
+            missing = expected - set(state_dict)
+            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            if missing - tied:
+                raise KeyError(f"weight update misses {sorted(missing - tied)[:5]}")
+            unexpected = set(state_dict) - expected
+            if unexpected:
+                raise KeyError(f"weight update has unknown tensors {sorted(unexpected)[:5]}")
+            self.model.load_state_dict(state_dict, strict=False)
+            if global_steps is not None:
+                self.global_steps = global_steps
+            self.weight_updates += 1
+            return len(state_dict)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def get_state(self) -> dict[str, Any]:
+        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates}
+
+    # -- control plane: nothing to free or pause on CPU ---------------------------------------------
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None  # the KV cache lives per request
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def wait_for_requests_to_drain(self) -> None:
+        while self._queue or self._lock.locked():
+            await asyncio.sleep(0.01)
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        # Requests finish in milliseconds here; there is no partial rollout to save.
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+        return {"aborted": False, "request_id": request_id}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# replica (driver side)
+# ------------------------------------------------------------------------------------------------
+
+
+class HFCPUReplica(RolloutReplica):
+    def _kind(self) -> str:
+        return "_reward" if self.is_reward_model else ("_teacher" if self.is_teacher_model else "")
+
+    async def launch_servers(self) -> None:
+        if self.nnodes != 1:
+            raise NotImplementedError("hf_cpu rollout runs on one node")
+        name = server_actor_name(self.replica_rank, 0, self._kind() + self.name_suffix)
+        server = (
+            ray.remote(HFCPUServer)
+            .options(
+                name=name,
+                # No CPU reservation: verl's workers already hold the (fake) GPU bundles, and a
+                # reservation here could leave the actor pending on a 2-core box.
+                num_cpus=0,
+                max_concurrency=self.max_concurrency,
+            )
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        await server.get_state.remote()  # surface constructor errors here, not at the first request
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"{ROLLOUT_NAME}://{name}"
+
+
+# ------------------------------------------------------------------------------------------------
+# adapter (inside the trainer worker)
+# ------------------------------------------------------------------------------------------------
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side end of weight sync for ``hf_cpu``; built by verl via ``get_rollout_class``."""
+
+    def __init__(self, config, model_config, device_mesh=None, replica_rank: int = -1, **kwargs) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", 0))
+        rollout_world_size = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
+        self.rollout_rank = rank % rollout_world_size
+        self.is_leader_rank = self.rollout_rank == 0
+        self._server = None
+        self.sync_disabled = os.environ.get(NO_WEIGHT_SYNC_ENV, "0") == "1"
+        if self.sync_disabled and self.is_leader_rank:
+            logger.warning("%s=1: rollout weights will NOT follow the trainer (negative control)", NO_WEIGHT_SYNC_ENV)
+
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank, 0))
+        return self._server
+
+    async def resume(self, tags: list[str]):
+        return None  # weights and KV cache never leave host memory
+
+    async def release(self):
+        return None
+
+    @torch.no_grad()
+    async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"hf_cpu rollout takes full tensors, not wire_format={wire_format!r}")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("hf_cpu rollout does not load LoRA adapters; set model.lora.merge=True")
+        from verl.workers.rollout.utils import ensure_async_iterator
+
+        # Every rank must drain the generator: under FSDP each item is a collective full_tensor().
+        state_dict = {}
+        async for name, tensor in ensure_async_iterator(weights):
+            if self.is_leader_rank and not self.sync_disabled:
+                state_dict[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        if not self.is_leader_rank:
+            return
+        server = self._server_handle()
+        if self.sync_disabled:
+            if global_steps is not None:  # keep the version tag moving so only the weights are stale
+                await server.set_global_steps.remote(global_steps)
+            return
+        await server.update_weights.remote(state_dict, global_steps)
