@@ -16,6 +16,8 @@ top level imports only the standard library.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import random
 
@@ -86,3 +88,21 @@ def corpus_for_tokenizer() -> list[str]:
     rng = random.Random(0)
     lines = [_prompt(rng, t) for t in ("lower", "upper") for _ in range(200)]
     return lines + ["user", "assistant", "system"]
+
+
+def simulated_latency(solution_str: str, latency_lo: float, latency_hi: float) -> float:
+    """Uniform in [lo, hi], drawn from the response text itself, so every run that produces the same
+    response waits the same time (a scaled analog of the recipe's uniform 1-40 s)."""
+    if latency_hi <= 0:
+        return 0.0
+    digest = hashlib.sha1(solution_str.encode()).digest()
+    return latency_lo + (latency_hi - latency_lo) * int.from_bytes(digest[:8], "big") / 2**64
+
+
+async def compute_score_with_latency(
+    data_source, solution_str, ground_truth, extra_info=None, latency_lo: float = 0.0, latency_hi: float = 0.0,
+    min_chars: int = MIN_CHARS, **kwargs,
+):
+    """The toy reward behind a simulated remote call (``reward_kwargs``: latency_lo, latency_hi seconds)."""
+    await asyncio.sleep(simulated_latency(solution_str, float(latency_lo), float(latency_hi)))
+    return compute_score(data_source, solution_str, ground_truth, extra_info, min_chars=min_chars)
