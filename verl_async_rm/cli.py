@@ -1,4 +1,4 @@
-"""Command line: ``verl-async-rm score ...`` and ``verl-async-rm demo``."""
+"""Command line: ``verl-async-rm score ...``, ``verl-async-rm demo`` (training) and ``verl-async-rm score-demo``."""
 
 from __future__ import annotations
 
@@ -98,7 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--summary-json", help="write the summary here")
     score.set_defaults(func=cmd_score)
 
-    demo = sub.add_parser("demo", help="score a generated set with a slow simulated judge")
+    train_demo = sub.add_parser(
+        "demo", help="the training demo: verl's trainer on CPU with a slow reward, with and without the strategies",
+        add_help=False,
+    )
+    train_demo.set_defaults(func=None)
+
+    demo = sub.add_parser("score-demo", help="score a generated set with a slow simulated judge (no training)")
     demo.add_argument("--problems", type=int, default=256)
     demo.add_argument("--group-size", type=int, default=8)
     demo.add_argument("--latency-lo", type=float, default=0.1)
@@ -111,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # the training demo owns its options
+        from verl_async_rm.demo import main as training_demo
+
+        return training_demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
