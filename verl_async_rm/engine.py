@@ -276,9 +276,11 @@ class ScoringEngine:
         attempt = 0
         while True:
             attempt += 1
-            await self._admit_rate(item)
+            # Slot first, rate token last: a token taken earlier could be spent after a wait for a
+            # slot, and requests released together would then leave in a burst above the rate.
             sequence = await self.limiter.acquire()
             try:
+                await self._admit_rate(item)
                 value = await _with_timeout(self._invoke(item), self.config.request_timeout)
             except asyncio.CancelledError:
                 self.limiter.release()
