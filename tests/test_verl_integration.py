@@ -237,3 +237,30 @@ def test_bad_settings_fail_at_start(tokenizer_dir):
         prepare(ours("reward.custom_reward_function.path=/nope.py"))
     with pytest.raises(ValueError, match="max_concurency"):
         prepare(ours("+reward.async_agent.max_concurency=3"))
+
+
+@pytest.mark.quick
+def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
+    from verl_async_rm.main_ppo import AGENT_LOOP_CLASS, V1_MODE, accept_recipe_spellings, prepare
+
+    argv = ["+mini_batch_pipeline=True", "+update_pipeline=True", "+off_policy_steps=1", "+foo.bar=1", "trainer.x=1"]
+    assert accept_recipe_spellings(argv) == [
+        "mini_batch_pipeline=True", "update_pipeline=True", "off_policy_steps=1", "+foo.bar=1", "trainer.x=1",
+    ]
+
+    def ours(*overrides):
+        reward = f"reward.custom_reward_function.path={GSM8K_REWARD}"
+        return prepare(verl_config(tokenizer_dir, reward, *accept_recipe_spellings(list(overrides)),
+                                   config_module="hydra_conf", name="async_ppo_trainer"))
+
+    assert ours("+update_pipeline=True").trainer.v1.trainer_mode == V1_MODE  # v1 is verl's default trainer
+    v0 = ours("+mini_batch_pipeline=True", "trainer.use_v1=False")
+    assert v0.actor_rollout_ref.rollout.agent.agent_loop_manager_class == AGENT_LOOP_CLASS
+    stock = ours()
+    assert stock.trainer.v1.trainer_mode == "sync" and not stock.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+    with pytest.raises(ValueError, match="prefetches one batch at most"):
+        ours("off_policy_steps=2")
+    with pytest.raises(ValueError, match="conflicts"):
+        ours("off_policy_steps=1", "trainer.v1.trainer_mode=colocate_async")
+    with pytest.raises(ValueError, match="contradicts"):
+        ours("mini_batch_pipeline=true", "+update_pipeline=False")

@@ -7,6 +7,8 @@ Same overrides as verl's own entry point, plus: the older spelling
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig, open_dict
 
@@ -15,6 +17,7 @@ from verl_async_rm.loader import check_spec
 from verl_async_rm.strategies.plan import strategy_from_mapping
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
+V1_MODE = "async_reward"  # verl_async_rm.strategies.v1, registered by the plugin
 
 
 def migrate_legacy_selector(config: DictConfig) -> DictConfig:
@@ -35,11 +38,18 @@ def prepare(config: DictConfig) -> DictConfig:
     strategy = strategy_from_mapping(config)
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
         check_spec(settings_from_verl_config(config).reward)  # bad settings or reward: fail now, not in a worker
-    if strategy.enabled:
-        if config.trainer.get("use_v1", True):
+    if strategy.enabled and config.trainer.get("use_v1", True):
+        if strategy.off_policy_steps > 1:
             raise ValueError(
-                "mini_batch_pipeline / off_policy_steps run on verl's v0 trainer for now: add trainer.use_v1=False"
+                f"off_policy_steps={strategy.off_policy_steps}: the v1 trainer mode prefetches one batch at most "
+                "(verl's sync replay buffer orders batches by step); use 1, or the v0 trainer (trainer.use_v1=False)"
             )
+        mode = config.trainer.v1.trainer_mode
+        if mode not in ("sync", V1_MODE):
+            raise ValueError(f"the strategies are their own v1 trainer mode ({V1_MODE}); trainer.v1.trainer_mode={mode} conflicts")
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = V1_MODE
+    elif strategy.enabled:
         agent = config.actor_rollout_ref.rollout.agent
         chosen = agent.get("agent_loop_manager_class")
         if chosen and chosen != AGENT_LOOP_CLASS:
@@ -52,7 +62,7 @@ def prepare(config: DictConfig) -> DictConfig:
 @hydra.main(config_path="pkg://hydra_conf", config_name="async_ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     config = prepare(config)
-    if not strategy_from_mapping(config).enabled:
+    if not strategy_from_mapping(config).enabled or config.trainer.get("use_v1", True):
         from verl.trainer.main_ppo import main as verl_main
 
         verl_main.__wrapped__(config)  # verl's own body, undecorated
@@ -69,5 +79,20 @@ def main(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
 
 
-if __name__ == "__main__":
+STRATEGY_KEYS = ("mini_batch_pipeline", "update_pipeline", "off_policy_steps")
+
+
+def accept_recipe_spellings(argv: list[str]) -> list[str]:
+    """The recipe writes ``+mini_batch_pipeline=True`` (``+`` adds a key hydra does not know); our
+    config declares these keys with defaults, and hydra refuses to add an existing key. So the
+    ``+`` is dropped for them, and both spellings work."""
+    return [arg[1:] if arg.startswith("+") and arg[1:].split("=", 1)[0] in STRATEGY_KEYS else arg for arg in argv]
+
+
+def cli() -> None:
+    sys.argv[1:] = accept_recipe_spellings(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

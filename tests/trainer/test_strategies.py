@@ -1,5 +1,6 @@
-"""The strategies on verl's real v0 trainer (CPU backend): sample accounting, LR, optimizer steps,
-staleness, and resume from a checkpoint taken with a prefetched batch in flight.
+"""The strategies on verl's real trainers (CPU backend; v0, and v1's async_reward mode): sample
+accounting, LR, optimizer steps, staleness, and resume from a checkpoint taken with a prefetched
+batch in flight.
 
 Each mode runs 4 GRPO steps of 8 prompts x 4 samples, with 4 PPO mini-batches per step, a warm-up
 LR schedule (a scheduler stepped once per mini-batch would show), verl's rollout dump and a
@@ -26,17 +27,20 @@ SHAPE = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
 ]
-MODES = {
+FLAGS = {
     "baseline": [],
     "pipeline": ["mini_batch_pipeline=true"],
     "off_policy": ["off_policy_steps=1"],
     "both": ["mini_batch_pipeline=true", "off_policy_steps=1"],
 }
+# (trainer, mode) runs: every mode on v0; the baseline and both strategies on v1 (each v1 run costs
+# about a minute of CI, and v1 shares the strategy logic with v0).
+RUNS = [("v0", mode) for mode in FLAGS] + [("v1", "baseline"), ("v1", "both")]
 
 
-def train(out_dir: Path, assets: CPURunConfig, *overrides: str):
+def train(out_dir: Path, assets: CPURunConfig, trainer: str, *overrides: str):
     cfg = CPURunConfig(
-        out_dir=str(out_dir), trainer="v0", steps=STEPS, entry_module="verl_async_rm.main_ppo",
+        out_dir=str(out_dir), trainer=trainer, steps=STEPS, entry_module="verl_async_rm.main_ppo",
         model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
         val_before_train=False, save_freq=2, timeout_s=600,
         extra_overrides=[*SHAPE, f"trainer.rollout_data_dir={out_dir / 'rollouts'}", *overrides],
@@ -66,15 +70,16 @@ def assets(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, assets):
     out = {}
-    for mode, flags in MODES.items():
-        directory = tmp_path_factory.mktemp(mode)
-        out[mode] = (directory, train(directory, assets, *flags))
+    for trainer, mode in RUNS:
+        directory = tmp_path_factory.mktemp(f"{trainer}_{mode}")
+        out[trainer, mode] = (directory, train(directory, assets, trainer, *FLAGS[mode]))
     return out
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_every_sample_trained_once_with_its_own_reward(runs, mode):
-    directory, _ = runs[mode]
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_every_sample_trained_once_with_its_own_reward(runs, run):
+    trainer, mode = run
+    directory, _ = runs[run]
     steps = dumped(directory)
     assert sorted(steps) == list(range(1, STEPS + 1))
     seen_uids: set[str] = set()
@@ -83,38 +88,46 @@ def test_every_sample_trained_once_with_its_own_reward(runs, mode):
         for row in rows:  # the reward trained on is the reward of that very response
             assert row["score"] == pytest.approx(score_text(row["output"], row["gts"]), abs=1e-6)
         if mode != "baseline":
-            uids = Counter(row["uid"] for row in rows)
+            uids = Counter(row["uid"].split("_")[0] for row in rows)  # v1 keys read "{uid}_{session}_{turn}"
             assert len(uids) == 8 and set(uids.values()) == {4}  # 8 whole groups of 4, each once
             assert not seen_uids & set(uids)  # no batch trained twice
             seen_uids |= set(uids)
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "off_policy", "both"])
-def test_lr_and_optimizer_steps_match_the_baseline(runs, mode):
-    _, baseline = runs["baseline"]
-    directory, result = runs[mode]
+STRATEGY_RUNS = [run for run in RUNS if run[1] != "baseline"]
+
+
+@pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
+def test_lr_and_optimizer_steps_match_the_baseline(runs, run):
+    trainer, _ = run
+    baseline_dir, baseline = runs[trainer, "baseline"]
+    directory, result = runs[run]
     assert [v for _, v in result.series("actor/lr")] == pytest.approx([v for _, v in baseline.series("actor/lr")])
     assert len(set(v for _, v in baseline.series("actor/lr"))) > 1  # the schedule really moves
     for step in (2, 4):
-        assert optimizer_steps(directory, step) == optimizer_steps(runs["baseline"][0], step) == {4 * step}
+        assert optimizer_steps(directory, step) == optimizer_steps(baseline_dir, step) == {4 * step}
 
 
-def test_staleness_and_reward_timing_metrics(runs):
-    for mode, expected in (("pipeline", [0, 0, 0, 0]), ("off_policy", [0, 1, 1, 1]), ("both", [0, 1, 1, 1])):
-        _, result = runs[mode]
-        assert [v for _, v in result.series("async_reward/staleness")] == expected, mode
-        assert [v for _, v in result.series("async_reward/failed")] == [0] * STEPS
-        assert all(v >= 0 for _, v in result.series("async_reward/blocked_s"))
-    _, pipeline = runs["pipeline"]
-    assert [v for _, v in pipeline.series("async_reward/groups_per_mini_batch")] == [2.0] * STEPS
+@pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
+def test_staleness_and_reward_timing_metrics(runs, run):
+    _, mode = run
+    _, result = runs[run]
+    expected = [0, 1, 1, 1] if "off_policy_steps=1" in FLAGS[mode] else [0] * STEPS
+    assert [v for _, v in result.series("async_reward/staleness")] == expected
+    assert [v for _, v in result.series("async_reward/failed")] == [0] * STEPS
+    assert all(v >= 0 for _, v in result.series("async_reward/blocked_s"))
+    per_mini_batch = 2.0 if "mini_batch_pipeline=true" in FLAGS[mode] else 8.0
+    assert [v for _, v in result.series("async_reward/groups_per_mini_batch")] == [per_mini_batch] * STEPS
 
 
-def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, assets):
+@pytest.mark.parametrize("run", [("v0", "off_policy"), ("v1", "both")], ids="-".join)
+def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, assets, run):
     """The off-policy run saved at step 2 while batch 3 was already generated and scored; resuming
     there must train exactly the uninterrupted run's batches 3 and 4: none lost, none repeated."""
-    uninterrupted, _ = runs["off_policy"]
+    trainer, mode = run
+    uninterrupted, _ = runs[run]
     checkpoint = uninterrupted / "checkpoints" / "global_step_2"
-    train(tmp_path, assets, "off_policy_steps=1", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
+    train(tmp_path, assets, trainer, *FLAGS[mode], "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
     resumed, original = dumped(tmp_path), dumped(uninterrupted)
     assert sorted(resumed) == [3, 4]
     for step in (3, 4):

@@ -45,9 +45,28 @@ def _register_into(registry: ModuleType) -> None:
         raise
 
 
+V1_TRAINERS = "verl.trainer.ppo.v1"
+
+
+def _register_v1_mode(module: ModuleType) -> None:
+    try:
+        require_verl("the async_reward v1 trainer mode", ((V1_TRAINERS, "register_trainer"),))
+        from verl_async_rm.strategies.v1 import register_mode
+
+        register_mode(module)
+    except Exception as exc:
+        print(
+            f"[verl_async_rm] could not register the async_reward v1 trainer mode: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+
+
 def install() -> None:
     after_import(REWARD_LOOP_REGISTRY, _register_into)
     after_import(LEGACY_REGISTRY, _register_into)
+    after_import(V1_TRAINERS, _register_v1_mode)  # trainer.v1.trainer_mode=async_reward
 
 
 def register_where_loaded(manager_cls: type, name: str) -> None:

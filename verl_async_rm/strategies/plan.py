@@ -39,10 +39,11 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
     pipeline = _flag(values.get("mini_batch_pipeline"), "mini_batch_pipeline")
     legacy = values.get("update_pipeline")
     if legacy is not None:
+        # Our config declares mini_batch_pipeline=false, so only an explicit true can contradict.
         legacy = _flag(legacy, "update_pipeline")
-        if values.get("mini_batch_pipeline") is not None and legacy != pipeline:
-            raise ValueError(f"update_pipeline={legacy} contradicts mini_batch_pipeline={pipeline}: set one of them")
-        pipeline = legacy
+        if pipeline and not legacy:
+            raise ValueError("update_pipeline=False contradicts mini_batch_pipeline=True: set one of them")
+        pipeline = pipeline or legacy
     steps = values.get("off_policy_steps") or 0
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_OFF_POLICY_STEPS:
         raise ValueError(
