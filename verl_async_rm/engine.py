@@ -403,8 +403,10 @@ class ScoringEngine:
 
     def _ready(self, run: _TicketRun, result: GroupResult) -> None:
         latencies = [run.latencies.pop(i) for i in result.indices]
-        ready_after = time.monotonic() - run.submitted_at
-        run.ledger.mark_ready(dataclasses.replace(result, latencies=latencies, ready_after=ready_after))
+        now = time.monotonic()
+        run.ledger.mark_ready(
+            dataclasses.replace(result, latencies=latencies, ready_after=now - run.submitted_at, ready_at=now)
+        )
         self._serve(run)
 
     def _serve(self, run: _TicketRun) -> None:

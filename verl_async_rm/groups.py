@@ -30,6 +30,7 @@ class GroupResult:
     extras: list[dict]  # per sample, aligned with indices
     latencies: list[float] | None = None  # per sample: ticket submit -> settled, seconds
     ready_after: float = 0.0  # ticket submit -> group ready (policy and hook done), seconds
+    ready_at: float = 0.0  # time.monotonic() when it became ready (comparable within one machine)
 
 
 def group_key(uid: Hashable | None, index: int, group_size: int) -> Hashable:
@@ -127,10 +128,11 @@ def assemble_chunk(groups: Iterable[GroupResult]) -> ScoredChunk:
     """Flatten groups into one chunk with indices ascending; extra-info keys are the union, missing
     values None, so every list stays aligned with ``indices``."""
     rows: list[tuple[int, float, dict, float | None]] = []
-    count, ready_after = 0, 0.0
+    count, ready_after, ready_at = 0, 0.0, 0.0
     for group in groups:
         count += 1
         ready_after = max(ready_after, group.ready_after)
+        ready_at = max(ready_at, group.ready_at)
         latencies = group.latencies or [None] * len(group.indices)
         rows.extend(zip(group.indices, group.scores, group.extras, latencies))
     rows.sort(key=lambda row: row[0])
@@ -144,4 +146,5 @@ def assemble_chunk(groups: Iterable[GroupResult]) -> ScoredChunk:
         groups=count,
         latencies=[r[3] for r in rows],
         ready_after=ready_after,
+        ready_at=ready_at,
     )

@@ -50,6 +50,7 @@ class ScoredChunk:
     groups: int = 0
     latencies: list[float | None] = field(default_factory=list)  # per sample: submit -> settled, seconds
     ready_after: float = 0.0  # submit -> the chunk's last group ready, seconds (the agent's clock)
+    ready_at: float = 0.0  # time.monotonic() when its last group became ready (same machine only)
 
     def __len__(self) -> int:
         return len(self.indices)
