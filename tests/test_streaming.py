@@ -89,3 +89,12 @@ def test_bad_group_size_is_refused():
     with RewardAgent(Reward()) as agent:
         with pytest.raises(ValueError, match="group_size"):
             run(agent, lambda a: [a.ascore_in_group({"solution_str": "1"}, "u", 0)])
+
+
+def test_a_streamed_sample_past_the_deadline_is_settled_by_the_policy():
+    async def hangs(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(60)
+
+    with RewardAgent(hangs, {"ticket_deadline": 0.3, "request_timeout": 0.3, "neutral_value": 0.5}) as agent:
+        [(score, extra)] = run(agent, lambda a: [a.ascore_in_group({"solution_str": "x"}, None, 1)])
+    assert score == 0.5 and extra["reward_failed"] == 1 and extra["reward_failure"] in ("deadline", "timeout")

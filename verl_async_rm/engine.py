@@ -194,7 +194,7 @@ class ScoringEngine:
         try:
             deadline = self.config.ticket_deadline
             outcome = await (_with_timeout(scoring, deadline) if deadline is not None else scoring)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
             outcome = Failed("deadline", f"{where()} unfinished at the deadline ({self.config.ticket_deadline}s)")
         self.metrics.latencies.append(time.monotonic() - group.arrived[position])
         if isinstance(outcome, Scored):
