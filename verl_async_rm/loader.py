@@ -32,6 +32,11 @@ class RewardSpec:
     name: str
     kwargs: dict = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """How errors name the reward: ``file.py:name`` or ``package.module:attribute``."""
+        return f"{os.path.basename(self.path)}:{self.name}" if self.path else self.name
+
 
 @dataclass(frozen=True)
 class UserReward:
@@ -111,10 +116,7 @@ def load_reward(path: str | None, name: str, kwargs: dict | None = None) -> User
 def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None = None) -> UserReward:
     """Accept a function, a class (instantiated here with ``kwargs``) or an instance with ``compute_score``."""
     kwargs = dict(kwargs or {})
-    if spec is None:
-        label = getattr(obj, "__qualname__", repr(obj))
-    else:
-        label = f"{os.path.basename(spec.path)}:{spec.name}" if spec.path else spec.name
+    label = spec.label if spec is not None else getattr(obj, "__qualname__", repr(obj))
     if inspect.isclass(obj):
         if not callable(getattr(obj, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")
@@ -155,7 +157,7 @@ def check_spec(spec: RewardSpec) -> None:
     """Fail early on a bad path, name or signature without instantiating a class (its constructor
     may open connections); the agent loads the reward for real where it runs."""
     target = _find(spec)
-    label = f"{os.path.basename(spec.path)}:{spec.name}" if spec.path else spec.name
+    label = spec.label
     if inspect.isclass(target):
         if not callable(getattr(target, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")

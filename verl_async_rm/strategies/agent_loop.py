@@ -8,12 +8,10 @@ waiting for all of them, and carry ``rm_scores`` as verl's validation expects.
 
 from __future__ import annotations
 
-import numpy as np
-
 from verl import DataProto
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
-from verl_async_rm.strategies.rewards import BatchRewards
+from verl_async_rm.strategies.rewards import BatchRewards, attach_extra_info
 from verl_async_rm.verl_compat import require_verl
 
 CLASS_PATH = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
@@ -40,8 +38,5 @@ class AgentLoopManagerWithoutRewards(AgentLoopManager):
         rewards = self._validation_rewards
         chunk = rewards.take(rewards.submit(output))  # all of it: validation waits for every score
         output.batch["rm_scores"] = RewardManagerBase.assemble_rm_scores(output, chunk.scores)
-        for key, values in chunk.extra_info.items():
-            array = np.empty(len(values), dtype=object)
-            array[:] = values
-            output.non_tensor_batch[key] = array
+        attach_extra_info(output, chunk.extra_info)
         output.meta_info["reward_extra_keys"] = list(chunk.extra_info)

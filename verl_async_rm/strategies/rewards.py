@@ -57,7 +57,18 @@ def attach_rewards(batch, chunk: ScoredChunk) -> None:
     rows = torch.arange(len(chunk.indices))
     scores[rows, lengths - 1] = torch.as_tensor(chunk.scores, dtype=torch.float32)
     batch.batch["token_level_scores"] = scores
-    for key, values in chunk.extra_info.items():
-        array = np.empty(len(values), dtype=object)
-        array[:] = values
-        batch.non_tensor_batch[key] = array
+    attach_extra_info(batch, chunk.extra_info)
+
+
+def object_array(values) -> np.ndarray:
+    """A 1-d object array of ``values`` (np.array would build a 2-d array from equal-length lists)."""
+    values = list(values)
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def attach_extra_info(batch, extra_info: dict[str, list]) -> None:
+    """Per-sample extra info beside the batch's rows, as verl keeps reward extra info."""
+    for key, values in extra_info.items():
+        batch.non_tensor_batch[key] = object_array(values)
