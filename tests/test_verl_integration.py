@@ -264,3 +264,12 @@ def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
         ours("off_policy_steps=1", "trainer.v1.trainer_mode=colocate_async")
     with pytest.raises(ValueError, match="contradicts"):
         ours("mini_batch_pipeline=true", "+update_pipeline=False")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("first", ["verl_async_rm.strategies.v1", "verl.trainer.ppo.v1"])
+def test_v1_mode_registered_whichever_module_is_imported_first(first):
+    code = f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nprint(get_trainer_cls('async_reward').__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "AsyncRewardTrainer"

@@ -46,11 +46,15 @@ def _register_into(registry: ModuleType) -> None:
 
 
 V1_TRAINERS = "verl.trainer.ppo.v1"
+V1_MODE_MODULE = "verl_async_rm.strategies.v1"
 
 
 def _register_v1_mode(module: ModuleType) -> None:
     try:
         require_verl("the async_reward v1 trainer mode", ((V1_TRAINERS, "register_trainer"),))
+        ours = sys.modules.get(V1_MODE_MODULE)
+        if ours is not None and not hasattr(ours, "register_mode"):
+            return  # our module is being imported right now (it imports verl's v1); its last line registers
         from verl_async_rm.strategies.v1 import register_mode
 
         register_mode(module)

@@ -13,9 +13,9 @@ names change those, and "colocate_async" would sleep the replicas mid-step. See 
 
 from __future__ import annotations
 
+import sys
 import time
 
-import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
@@ -29,7 +29,7 @@ from verl.trainer.ppo.v1.utils import MetricsAggregator
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl_async_rm.strategies.plan import plan_mini_batches, strategy_from_mapping
-from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards
+from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, object_array
 from verl_async_rm.strategies.timing import latency_metrics
 from verl_async_rm.strategies.workers import (
     STEP_LR_KEY,
@@ -98,9 +98,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         non_tensor = {}
         for name in fields[2:]:
             if name in data.keys():
-                values = list(data[name])
-                non_tensor[name] = np.empty(len(values), dtype=object)
-                non_tensor[name][:] = values
+                non_tensor[name] = object_array(data[name])
         tensors = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": mask}, batch_size=len(batch))
         return DataProto(batch=tensors, non_tensor_batch=non_tensor)
 
@@ -218,3 +216,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
 def register_mode(module) -> None:
     """Called when verl imports its v1 trainer package (see integration/register.py)."""
     module.register_trainer(MODE)(AsyncRewardTrainer)
+
+
+# Imported before verl's v1 package finished loading, the plugin hook skipped us: register now
+# (registering the same class again is a no-op in verl).
+if "verl.trainer.ppo.v1" in sys.modules:
+    register_mode(sys.modules["verl.trainer.ppo.v1"])
