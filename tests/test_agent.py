@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REWARDS
 from verl_async_rm.agent import RewardAgent
-from verl_async_rm.outcome import RewardError
+from verl_async_rm.outcome import RewardError, TicketCancelled
 
 pytestmark = pytest.mark.quick
 EXAMPLES = str(REWARDS / "examples.py")
@@ -211,3 +211,41 @@ def test_concurrent_submitters_from_many_threads():
         [t.join(30) for t in threads]
     assert sorted(results) == list(range(8))
     assert all(c.indices == list(range(40)) for c in results.values())
+
+
+def test_cancel_stops_a_tickets_calls_and_fails_its_gets():
+    release = asyncio.Event()
+    state = {"started": 0, "cancelled": 0}
+
+    async def waits(data_source, solution_str, ground_truth, extra_info=None):
+        if extra_info and extra_info.get("fast"):
+            return 1.0
+        state["started"] += 1
+        try:
+            await release.wait()  # never set: only cancel ends these calls
+        except asyncio.CancelledError:
+            state["cancelled"] += 1
+            raise
+        return 1.0
+
+    with RewardAgent(waits, {"max_concurrency": 8}) as agent:
+        batch = [{**item, "extra_info": {"fast": i < 4}} for i, item in enumerate(items(12, group_size=4))]
+        ticket = agent.submit(batch, group_size=4)
+        assert len(agent.get(ticket, 4)) == 4  # the fast group
+        errors = []
+        waiter = threading.Thread(target=lambda: errors.append(pytest.raises(TicketCancelled, agent.get, ticket)))
+        waiter.start()
+        time.sleep(0.1)  # the waiter is blocked in get, 8 calls are in flight
+        assert agent.cancel(ticket) == 8
+        waiter.join(5)
+        assert not waiter.is_alive() and len(errors) == 1
+        with pytest.raises(TicketCancelled, match=f"ticket {ticket} was cancelled"):
+            agent.get(ticket)
+        assert agent.cancel(ticket) == 0  # idempotent
+        with pytest.raises(KeyError):
+            agent.cancel(ticket + 1)
+        metrics = agent.metrics()
+        assert (metrics["cancelled"], metrics["pending"], metrics["in_flight"], metrics["open_tickets"]) == (8, 0, 0, 0)
+        assert state == {"started": 8, "cancelled": 8}
+        # the agent goes on serving other tickets
+        assert sorted(agent.get_all(agent.submit(batch[:4], group_size=4)).indices) == [0, 1, 2, 3]

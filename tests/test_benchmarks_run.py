@@ -17,6 +17,8 @@ from tests.conftest import ROOT
     [
         ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}),
         ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}),
+        pytest.param("e2e.py", {"timing", "learning", "compute_per_step_s", "records", "machine", "command"},
+                     marks=[pytest.mark.trainer, pytest.mark.slow]),
     ],
 )
 def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):

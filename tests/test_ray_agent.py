@@ -38,4 +38,10 @@ def test_waiting_get_does_not_block_the_actor(ray_session):
     assert ray.get(actor.metrics.remote())["submitted"] == 1  # answered while get() waits
     assert time.perf_counter() - start < 0.8
     assert ray.get(pending).scores == [1.0]
+    # cancel through the actor: a waiting get fails with TicketCancelled, not a hang
+    doomed = ray.get(actor.submit.remote([{"solution_str": "x"}] * 3, 1))
+    waiting = actor.get.remote(doomed)
+    assert ray.get(actor.cancel.remote(doomed)) == 3
+    with pytest.raises(ray.exceptions.RayTaskError, match="TicketCancelled"):
+        ray.get(waiting, timeout=10)
     ray.kill(actor)

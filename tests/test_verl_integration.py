@@ -267,6 +267,24 @@ def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
 
 
 @pytest.mark.quick
+def test_strategies_off_hand_verl_its_own_config(tokenizer_dir):
+    """Both flags off, main_ppo passes verl's main exactly the config verl's own entry point composes
+    (plus this package's keys, which verl never reads): the stock trainer, same seed, same run."""
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.main_ppo import prepare
+
+    overrides = [f"reward.custom_reward_function.path={GSM8K_REWARD}", "trainer.use_v1=False", "data.seed=3"]
+    ours = OmegaConf.to_container(prepare(verl_config(tokenizer_dir, *overrides, config_module="hydra_conf",
+                                                      name="async_ppo_trainer")))
+    stock = OmegaConf.to_container(verl_config(tokenizer_dir, *overrides))
+    for key in ("mini_batch_pipeline", "update_pipeline", "off_policy_steps"):
+        ours.pop(key)
+    assert ours["reward"].pop("async_agent")["group_wait"] == 10.0
+    assert ours == stock
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("first", ["verl_async_rm.strategies.v1", "verl.trainer.ppo.v1"])
 def test_v1_mode_registered_whichever_module_is_imported_first(first):
     code = f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nprint(get_trainer_cls('async_reward').__name__)"

@@ -18,6 +18,7 @@ _EXPORTS = {
     "RewardError": "verl_async_rm.outcome",
     "RewardFunctionError": "verl_async_rm.outcome",
     "RewardItem": "verl_async_rm.outcome",
+    "TicketCancelled": "verl_async_rm.outcome",
     "ScoredChunk": "verl_async_rm.outcome",
     "RetryableError": "verl_async_rm.retry",
 }

@@ -130,6 +130,12 @@ class RewardAgent:
         coroutine = self._engine.score_in_group(item, uid, group_size, group_wait)
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
 
+    def cancel(self, ticket: int) -> int:
+        """Stop scoring ``ticket`` (e.g. a batch that will never be trained on): no further calls
+        are made for it, and its pending and later gets raise ``TicketCancelled``. Returns how many
+        of its samples were still unsettled (0 for a ticket already drained or cancelled)."""
+        return self._call(self._engine.cancel, ticket)
+
     def remaining(self, ticket: int) -> int:
         """Samples of ``ticket`` not yet handed out."""
         return self._call(self._engine.remaining, ticket)

@@ -5,10 +5,12 @@ Five runs on the same seed, model and data (the toy task), each ``--steps`` GRPO
 analog of the recipe's 1-40 s):
 - ``zero_latency``: the stock trainer with an instant reward, the bound (all waiting hidden);
 - ``baseline``: the stock trainer (rewards scored in verl's agent loop through the async_agent manager);
-- ``pipeline``, ``off_policy`` (one step), ``both``: the strategies.
-It prints a table (training-loop time, i.e. the sum of step times, so Ray start-up is left out;
-reduction vs the baseline; hidden fraction = (T_base - T) / (T_base - T_zero); time blocked on rewards
-per step; final toy reward), and writes it as JSON with a timeline picture (one lane per run).
+- ``pipeline``, ``off_policy`` (one step), ``both``: the strategies (``both_k2``, two steps ahead,
+  on request).
+It prints a table (training-loop time, i.e. the sum of step times, so Ray start-up and the one-time
+warm-up, absorbed by a validation pass before step 1, are left out; reduction vs the baseline;
+hidden fraction = (T_base - T) / (T_base - T_zero); time blocked on rewards per step; final toy
+reward), and writes it as JSON with a timeline picture (one lane per run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ MODES: dict[str, list[str]] = {
     "pipeline": ["mini_batch_pipeline=true"],
     "off_policy": ["off_policy_steps=1"],
     "both": ["mini_batch_pipeline=true", "off_policy_steps=1"],
+    # opt-in: two batches ahead (v0 only), for a reward tail longer than a step's compute
+    "both_k2": ["mini_batch_pipeline=true", "off_policy_steps=2"],
 }
+DEFAULT_MODES = ["zero_latency", "baseline", "pipeline", "off_policy", "both"]
 SHAPE = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
 # Phases drawn in the timeline, from verl's timing_s/* metrics (the rest of a step is "other").
 PHASES = {"gen": "generation", "reward_wait": "waiting on rewards", "update_actor": "updates"}
@@ -91,6 +96,22 @@ def print_table(rows: list[dict]) -> None:
         print(" | ".join(f"{'-' if c is None else (f'{c:.0%}' if isinstance(c, float) and i in (2, 3) else c):>14}" for i, c in enumerate(cells)))
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The README's demo table, generated from demo.json's rows (a test checks the README quotes it)."""
+    names = {"zero_latency": "zero latency (the bound)", "baseline": "baseline (stock trainer, rewards in verl's agent loop)",
+             "pipeline": "mini-batch pipeline", "off_policy": "one-step off-policy", "both": "both",
+             "both_k2": "both, two steps ahead"}
+    lines = ["| run | loop time | reduction vs baseline | reward wait hidden | blocked on rewards per step | toy reward, last 3 steps |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        def cell(key, fmt):
+            return "—" if row[key] is None or (row["mode"] == "baseline" and key == "reduction_vs_baseline") else fmt(row[key])
+        lines.append(f"| {names.get(row['mode'], row['mode'])} | {row['loop_time_s']:.1f} s "
+                     f"| {cell('reduction_vs_baseline', lambda v: f'{v:.0%}')} | {cell('hidden_fraction', lambda v: f'{v:.0%}')} "
+                     f"| {cell('blocked_on_rewards_per_step_s', lambda v: f'{v:.2f} s')} | {cell('final_toy_reward', lambda v: f'{v:.3f}')} |")
+    return "\n".join(lines) + "\n"
+
+
 def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     import matplotlib
 
@@ -123,23 +144,31 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     plt.close(fig)
 
 
+def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, latency: tuple[float, float],
+             progress: bool) -> ModeResult:
+    """One training run of ``mode``. Validation before step 1 absorbs the one-time warm-up (first
+    generation: ~9 s here), so step times are steady-state and comparable between runs."""
+    lo, hi = (0.0, 0.0) if mode == "zero_latency" else latency
+    cfg = CPURunConfig(
+        out_dir=str(out), trainer="v0", steps=steps, seed=seed, entry_module="verl_async_rm.main_ppo",
+        model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
+        val_before_train=True, reward_path=toy_reward_path(), reward_name="compute_score_with_latency",
+        reward_kwargs={"latency_lo": lo, "latency_hi": hi}, reward_manager="async_agent", timeout_s=1800,
+        extra_overrides=[*SHAPE, *MODES[mode], "reward.async_agent.max_concurrency=64"],
+    )
+    result = run(cfg, progress=progress)
+    if not result.ok:
+        raise RuntimeError(f"the {mode} run failed (rc {result.returncode}); its log is in {out}")
+    return summarize(mode, result)
+
+
 def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, modes: list[str], progress: bool) -> dict:
     assets = prepare_assets(CPURunConfig(out_dir=str(out / "assets"), seed=seed))
     results: dict[str, ModeResult] = {}
     for index, mode in enumerate(modes, 1):
         lo, hi = (0.0, 0.0) if mode == "zero_latency" else latency
         print(f"[{index}/{len(modes)}] {mode}: {steps} steps, reward latency {lo}-{hi} s", flush=True)
-        cfg = CPURunConfig(
-            out_dir=str(out / mode), trainer="v0", steps=steps, seed=seed, entry_module="verl_async_rm.main_ppo",
-            model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
-            val_before_train=False, reward_path=toy_reward_path(), reward_name="compute_score_with_latency",
-            reward_kwargs={"latency_lo": lo, "latency_hi": hi}, reward_manager="async_agent", timeout_s=1800,
-            extra_overrides=[*SHAPE, *MODES[mode], "reward.async_agent.max_concurrency=64"],
-        )
-        result = run(cfg, progress=progress)
-        if not result.ok:
-            raise RuntimeError(f"the {mode} run failed (rc {result.returncode}); its log is in {out / mode}")
-        results[mode] = summarize(mode, result)
+        results[mode] = run_mode(out / mode, assets, mode, steps, seed, latency, progress)
     rows = table(results)
     picture = out / "timeline.png"
     draw_timeline(results, picture)
@@ -160,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-lo", type=float, default=0.05)
     parser.add_argument("--latency-hi", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {list(MODES)}")
     parser.add_argument("--out", help="output folder (default: a new temp folder)")
     parser.add_argument("--json", help="also write the results JSON here")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")

@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Callable, Hashable
 
 from verl_async_rm import process_worker
@@ -27,9 +27,12 @@ from verl_async_rm.limits import ConcurrencyLimiter, strict_rate_limiter
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.normalize import normalize_group_scores, normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardError, RewardFunctionError, RewardItem, Scored, ScoredChunk
+from verl_async_rm.outcome import (
+    Failed, Outcome, RewardError, RewardFunctionError, RewardItem, Scored, ScoredChunk, TicketCancelled,
+)
 from verl_async_rm.policy import resolve_group
 from verl_async_rm.retry import Backoff, classify
+from verl_async_rm.thread_bridge import ThreadBridge
 
 _log = logging.getLogger(__name__)
 
@@ -97,16 +100,14 @@ class ScoringEngine:
         self.metrics = AgentMetrics()
         self.tickets: dict[int, _TicketRun] = {}
         self.drained: set[int] = set()
+        self.cancelled: set[int] = set()
         self.streams: dict[Hashable, _StreamGroup] = {}
         self.closed_early: OrderedDict[Hashable, None] = OrderedDict()  # groups closed by group_wait, recent
         self.stream_tasks: set[asyncio.Task] = set()
         self.closed = False
-        needs_threads = (not reward.score_is_async and config.executor == "thread") or (
-            reward.group_hook is not None and not reward.hook_is_async
-        )
-        self.threads = (
-            ThreadPoolExecutor(config.sync_workers, thread_name_prefix="reward-agent") if needs_threads else None
-        )
+        sync_hook = reward.group_hook is not None and not reward.hook_is_async
+        self.threads = ThreadPoolExecutor(config.sync_workers, thread_name_prefix="reward-hook") if sync_hook else None
+        self.bridge: ThreadBridge | None = None  # sync scores' threads; made on the loop, at the first call
         self.processes = None
         if not reward.score_is_async and config.executor == "process":
             init = (process_worker.load, (reward.spec,)) if reward.spec else (None, ())
@@ -132,6 +133,8 @@ class ScoringEngine:
         if run is None:
             if ticket in self.drained:
                 return ScoredChunk.empty()
+            if ticket in self.cancelled:
+                raise TicketCancelled(f"ticket {ticket} was cancelled")
             raise KeyError(f"unknown ticket {ticket!r}")
         run.ledger.check_request(n)
         if run.error is not None:
@@ -140,6 +143,22 @@ class ScoringEngine:
         run.waiters.append((n, waiter))
         self._serve(run)
         return await waiter
+
+    def cancel(self, ticket: int) -> int:
+        """Stop scoring a ticket nobody will read; returns how many of its samples were unsettled.
+        Their calls are cancelled (a sync call already running in a thread finishes, unread), and
+        pending and later takes fail with TicketCancelled."""
+        run = self.tickets.get(ticket)
+        if run is None:
+            if ticket in self.drained or ticket in self.cancelled:
+                return 0
+            raise KeyError(f"unknown ticket {ticket!r}")
+        unsettled = len(run.ledger.unsettled_indices())
+        self.metrics.cancelled += unsettled
+        self._fail_ticket(run, TicketCancelled(f"ticket {ticket} was cancelled"))
+        del self.tickets[ticket]
+        self.cancelled.add(ticket)
+        return unsettled
 
     def remaining(self, ticket: int) -> int:
         run = self.tickets.get(ticket)
@@ -324,13 +343,16 @@ class ScoringEngine:
         if reward.score_is_async:
             value = await reward.score_fn(**fields, **reward.call_kwargs)
         else:
-            loop = asyncio.get_running_loop()
-            executor: Executor = self.processes or self.threads
-            if self.processes is not None and reward.spec is not None:
-                call = functools.partial(process_worker.score, fields)  # the worker adds its kwargs
+            if self.processes is not None:
+                if reward.spec is not None:
+                    call = functools.partial(process_worker.score, fields)  # the worker adds its kwargs
+                else:
+                    call = functools.partial(reward.score_fn, **fields, **reward.call_kwargs)
+                value = await asyncio.get_running_loop().run_in_executor(self.processes, call)
             else:
-                call = functools.partial(reward.score_fn, **fields, **reward.call_kwargs)
-            value = await loop.run_in_executor(executor, call)
+                if self.bridge is None:
+                    self.bridge = ThreadBridge(asyncio.get_running_loop(), self.config.sync_workers)
+                value = await self.bridge.run(functools.partial(reward.score_fn, **fields, **reward.call_kwargs))
         if inspect.isawaitable(value):  # a sync wrapper that returned a coroutine
             value = await value
         return value
@@ -504,6 +526,8 @@ class ScoringEngine:
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         await self._close_reward()
+        if self.bridge is not None:
+            self.bridge.shutdown()  # threads stuck in a hung sync reward cannot be killed: not waited for
         for executor in (self.threads, self.processes):
             if executor is not None:
                 # Threads stuck in a hung sync reward cannot be killed; we stop waiting for them.

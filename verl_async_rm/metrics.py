@@ -18,6 +18,7 @@ class AgentMetrics:
         self.throttled = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.cancelled = 0  # unsettled when their ticket was cancelled
         self.split_groups = 0  # streamed groups closed by group_wait before their last member came
         self.failures_by_kind: Counter[str] = Counter()
         self.attempt_errors_by_kind: Counter[str] = Counter()  # every failed attempt, retried or not
@@ -30,7 +31,8 @@ class AgentMetrics:
             "submitted": self.submitted,
             "completed": self.completed,
             "failed": self.failed,
-            "pending": self.submitted - self.completed - self.failed,
+            "cancelled": self.cancelled,
+            "pending": self.submitted - self.completed - self.failed - self.cancelled,
             "in_flight": in_flight,
             "peak_in_flight": peak_in_flight,
             "effective_cap": effective_cap,

@@ -64,5 +64,9 @@ class RewardError(RuntimeError):
     """A reward could not be computed and the failure policy says to raise."""
 
 
+class TicketCancelled(RuntimeError):
+    """The ticket was cancelled (``RewardAgent.cancel``): its remaining scores will never come."""
+
+
 class RewardFunctionError(TypeError):
     """The user's reward function or its return value is unusable (names the function and sample)."""

@@ -33,6 +33,9 @@ class RewardAgentActor:
     async def score_in_group(self, item: dict, uid=None, group_size: int = 1, group_wait: float | None = None):
         return await self._agent.ascore_in_group(item, uid, group_size, group_wait)
 
+    def cancel(self, ticket: int) -> int:
+        return self._agent.cancel(ticket)
+
     def remaining(self, ticket: int) -> int:
         return self._agent.remaining(ticket)
 

@@ -46,6 +46,7 @@ def activate() -> None:
     check_verl()
     _register_platform()
     _register_rollout()
+    _patch_value_head_loader()
     # verl picks the training engine by (device, vendor); the FSDP engines are registered for
     # "cuda" only, and are plain torch, so they run on CPU once selected (verl's own override).
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
@@ -109,6 +110,36 @@ def _patch_process_group_backend() -> None:
 
     initialize_global_process_group_ray._verl_async_rm_cpu = True
     dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def _patch_value_head_loader() -> None:
+    """PATCH verl.utils.model.load_valuehead_model (runtime, not on disk), once that module is imported.
+
+    Why: it loads the critic's value model with ``attn_implementation="flash_attention_2"``
+    hard-coded, which cannot load on CPU, and then falls back to trl (not a verl dependency). On CPU
+    the same class, ``AutoModelForTokenClassification`` with one label, loads with eager attention.
+    The FSDP engine imports the function by name inside ``_build_module``, at call time, so it binds
+    the wrapper.
+    """
+    from verl_async_rm.integration.import_hooks import after_import
+
+    def patch(module) -> None:
+        original = getattr(module, "load_valuehead_model", None)
+        if original is None or getattr(original, "_verl_async_rm_cpu", False):
+            return
+
+        def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+            from transformers import AutoModelForTokenClassification
+
+            return AutoModelForTokenClassification.from_pretrained(
+                pretrained_model_name_or_path=local_path, torch_dtype=torch_dtype, config=model_config,
+                attn_implementation="eager", trust_remote_code=trust_remote_code,
+            )
+
+        load_valuehead_model._verl_async_rm_cpu = True
+        module.load_valuehead_model = load_valuehead_model
+
+    after_import("verl.utils.model", patch)
 
 
 def _register_rollout() -> None:

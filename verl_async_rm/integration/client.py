@@ -49,6 +49,13 @@ class AgentClient:
             return ray.get(self._actor.get.remote(ticket, n))
         return self._local.get(ticket, n)
 
+    def cancel(self, ticket: int) -> int:
+        if self._actor is not None:
+            import ray
+
+            return ray.get(self._actor.cancel.remote(ticket))
+        return self._local.cancel(ticket)
+
     def score_batch(self, requests: list[dict], group_size: int) -> ScoredChunk:
         return self.take(self.submit(requests, group_size))
 

@@ -48,6 +48,10 @@ class BatchRewards:
         pending.failed += int(sum(chunk.extra_info.get("reward_failed", [])))
         return chunk
 
+    def cancel(self, pending: PendingRewards) -> int:
+        """A batch that will never be trained on (generated past the last step): stop its calls."""
+        return self.client.cancel(pending.ticket)
+
 
 def attach_rewards(batch, chunk: ScoredChunk) -> None:
     """Put the chunk's scores on the last valid response token (``token_level_scores``) of ``batch``,

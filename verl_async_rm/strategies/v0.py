@@ -238,8 +238,9 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
 
     def _abandon(self, ahead: deque) -> None:
-        """Batches generated past the last step are dropped (their tickets finish on the agent)."""
-        ahead.clear()
+        """Batches generated but never trained on (the loop ended early): stop scoring them."""
+        while ahead:
+            self.rewards.cancel(ahead.popleft().rewards)
 
     # -- one step ---------------------------------------------------------------------------------
     def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
