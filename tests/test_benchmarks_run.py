@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at small sizes (their numbers are not asserted here:
-speed targets live in the benchmarks, not in timed tests)."""
+speed targets live in the benchmarks, not in timed tests). bench/e2e.py's trainer runs are the
+demo's (tests/trainer/test_demo.py); its plumbing is tested in tests/test_e2e_report.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from tests.conftest import ROOT
     [
         ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}),
         ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}),
-        pytest.param("e2e.py", {"timing", "learning", "compute_per_step_s", "records", "machine", "command"},
-                     marks=[pytest.mark.trainer, pytest.mark.slow]),
     ],
 )
 def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):

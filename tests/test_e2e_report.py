@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
 from bench.e2e import learning_table, plan_runs, targets, timing_table
+from verl_async_rm.demo import ModeResult
 
 pytestmark = pytest.mark.quick
 
@@ -67,3 +70,35 @@ def test_readme_quotes_the_committed_result_tables():
     readme = (ROOT / "README.md").read_text()
     for name, text in tables().items():
         assert text in readme, f"README's {name} table is not the committed JSON's: run python bench/readme_tables.py"
+
+
+def test_the_script_plans_caches_and_reports(tmp_path, monkeypatch):
+    """main() end to end with the trainer run replaced (the demo's test runs the real one through
+    the same run_mode): every planned run once, then all of them from the cache."""
+    import bench.e2e as e2e
+    import verl_async_rm.cpu_backend.launch as launch
+
+    calls = []
+
+    def fake_run_mode(out, assets, mode, steps, seed, latency, progress):
+        calls.append((mode, seed, latency))
+        step = 0.8 + (0.0 if mode in ("zero_latency", "off_policy", "both") else latency[1])
+        return ModeResult(mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps, [0.25 + 0.01 * i for i in range(steps)])
+
+    monkeypatch.setattr(e2e, "run_mode", fake_run_mode)
+    monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
+    out = tmp_path / "e2e.json"
+    argv = ["--steps", "4", "--seeds", "0,1", "--latency-hi", "0.5,1.6", "--modes", "zero_latency,baseline,both,both_k2@1.6",
+            "--out", str(out)]
+    assert e2e.main(argv) == 0
+    assert len(calls) == 2 * (1 + 2 * 2 + 1)
+    assert ("both_k2", 0, (0.04, 1.6)) in calls and not any(c[0] == "both_k2" and c[2][1] == 0.5 for c in calls)
+    first = json.loads(out.read_text())
+    assert first["runs_from_cache"] == 0 and first["compute_per_step_s"] == 0.8
+    hidden = {(r["latency_hi_s"], r["mode"]): r["hidden_fraction"] for r in first["timing"]}
+    assert hidden[1.6, "both"]["median"] == 1.0  # the fake hides the whole wait
+    calls.clear()
+    assert e2e.main(argv) == 0
+    again = json.loads(out.read_text())
+    assert calls == [] and again["runs_from_cache"] == len(plan_runs([0, 1], [0.5, 1.6], {"zero_latency": None, "baseline": None, "both": None, "both_k2": {1.6}})) == 12, again["runs_from_cache"]
+    assert again["timing"] == first["timing"]

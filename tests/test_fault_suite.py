@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench.fault_suite import run_fault_suite
@@ -34,5 +36,7 @@ def test_fault_suite_1k():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("VERL_ASYNC_RM_FULL"), reason="set VERL_ASYNC_RM_FULL=1: 2 min, mostly "
+                    "waiting on the rate limit (the committed bench/results/fault_suite.json is this run)")
 def test_fault_suite_10k():
     check(run_fault_suite(samples=10_000))
