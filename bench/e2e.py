@@ -13,8 +13,8 @@ baseline paired by (seed, regime) with a 95% t-interval ("worse beyond noise" = 
 
 Each finished run is cached under --work (by steps, seed, latency and mode), so running the same
 command again after an interruption resumes where it stopped; delete the folder to measure afresh.
-    python bench/e2e.py            # full: 3 seeds x 3 regimes, 16 steps (~55 min on 2 cores)
-    python bench/e2e.py --quick    # 2 runs of 1 step, for CI (checks it runs)
+    python bench/e2e.py            # the README's figures: 3 seeds x 4 regimes, 16 steps (~65 min, 2 cores)
+    python bench/e2e.py --quick    # 2 runs of 1 step (checks it runs)
 """
 
 from __future__ import annotations
@@ -228,13 +228,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--latency-hi", default="0.25,1.0,2.0", help="regimes: the latency tail in seconds (lo = hi/40)")
-    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+    parser.add_argument("--latency-hi", default="0.25,1.0,1.6,2.0", help="regimes: the latency tail in seconds (lo = hi/40)")
+    parser.add_argument("--modes", default=",".join([*DEFAULT_MODES, "both_k2@2.0"]),
                         help=f"comma-separated subset of {list(MODES)}; mode@hi runs that mode at that regime only")
     parser.add_argument("--work", help="run folders and the per-run cache (default: next to --out, <out>_runs/)")
     parser.add_argument("--out", default=str(RESULTS / "e2e.json"))
     parser.add_argument("--progress", action="store_true", help="per-step progress of each run")
-    parser.add_argument("--quick", action="store_true", help="2 runs of 1 step for CI: checks the script runs")
+    parser.add_argument("--quick", action="store_true", help="2 runs of 1 step: checks the script runs")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.latency_hi, args.modes = 1, "0", "0.2", "zero_latency,baseline"
