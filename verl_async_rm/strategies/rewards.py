@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ class PendingRewards:
     timing: RewardTiming
     latencies: list[float] = field(default_factory=list)
     failed: int = 0
+    keys: Optional[list] = None  # v1: request i of the ticket is the TransferQueue key keys[i]
 
 
 class BatchRewards:
@@ -32,12 +34,12 @@ class BatchRewards:
         self.client = AgentClient(self.settings)
         self.tokenizer = tokenizer
 
-    def submit(self, batch) -> PendingRewards:
+    def submit(self, batch, keys: Optional[list] = None) -> PendingRewards:
         requests = decode_requests(batch, self.tokenizer, self.settings.reward_fn_key)
         group_size = group_size_of(requests)
         submitted_at = time.monotonic()
         ticket = self.client.submit(requests, group_size)
-        return PendingRewards(ticket, len(requests), group_size, RewardTiming(submitted_at))
+        return PendingRewards(ticket, len(requests), group_size, RewardTiming(submitted_at), keys=keys)
 
     def take(self, pending: PendingRewards, n: int | None = None) -> ScoredChunk:
         start = time.monotonic()

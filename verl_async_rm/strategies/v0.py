@@ -39,6 +39,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
+from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.plan import plan_mini_batches, strategy_from_mapping
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, attach_rewards
 from verl_async_rm.strategies.timing import latency_metrics
@@ -52,21 +53,6 @@ class GeneratedBatch:
     epoch: int
     loader_state: dict  # the dataloader's state before this batch was drawn: resuming there regenerates it
     weights_step: int  # the global step whose weights generated it (staleness = trainer step - 1 - this)
-
-
-class _LoaderStateOverride:
-    """Stands in for the dataloader while verl saves a checkpoint, reporting the state from before
-    the first batch that was generated but not trained on yet: on resume those batches are drawn
-    (and generated) again, so nothing is lost and nothing trained twice."""
-
-    def __init__(self, loader, state: dict):
-        self._loader, self._state = loader, state
-
-    def state_dict(self) -> dict:
-        return self._state
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
 
 
 def images_seqlens(batch: DataProto) -> list:
@@ -109,15 +95,8 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _save_checkpoint(self):
-        state = getattr(self, "_resume_loader_state", None)
-        if state is None:
+        with loader_state_reported_as(self.train_dataloader, getattr(self, "_resume_loader_state", None)):
             return super()._save_checkpoint()
-        loader = self.train_dataloader
-        self.train_dataloader = _LoaderStateOverride(loader, state)
-        try:
-            return super()._save_checkpoint()
-        finally:
-            self.train_dataloader = loader
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self):
@@ -194,7 +173,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         for epoch in range(first_epoch, self.config.trainer.total_epochs):
             iterator = iter(self.train_dataloader)
             while True:
-                state = self.train_dataloader.state_dict()  # before the draw: see _LoaderStateOverride
+                state = self.train_dataloader.state_dict()  # before the draw: see strategies/checkpoint.py
                 try:
                     batch_dict = next(iterator)
                 except StopIteration:

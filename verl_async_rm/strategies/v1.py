@@ -28,6 +28,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.trainer.ppo.v1.utils import MetricsAggregator
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
+from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.plan import plan_mini_batches, strategy_from_mapping
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, object_array
 from verl_async_rm.strategies.timing import latency_metrics
@@ -105,9 +106,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _submit(self, batch: KVBatchMeta) -> PendingRewards:
         real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
         view = KVBatchMeta(partition_id=batch.partition_id, keys=[batch.keys[i] for i in real], tags=[batch.tags[i] for i in real])
-        pending = self.rewards.submit(self._as_dataproto(view))
-        pending.keys = view.keys  # request i of the ticket is this key
-        return pending
+        return self.rewards.submit(self._as_dataproto(view), keys=view.keys)
 
     def _take(self, pending: PendingRewards, samples: int | None, partition_id: str) -> list[str]:
         chunk = self.rewards.take(pending, samples)
@@ -202,15 +201,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
     # -- checkpoints -----------------------------------------------------------------------------
     def _save_checkpoint(self):
         """Saved with the dataloader position before the prefetched batch: resuming regenerates it."""
-        state = self._loader_state_before_prefetch
-        if state is None:
+        with loader_state_reported_as(self.train_dataloader, self._loader_state_before_prefetch):
             return super()._save_checkpoint()
-        loader = self.train_dataloader
-        loader.state_dict = lambda: state  # this call only
-        try:
-            return super()._save_checkpoint()
-        finally:
-            del loader.state_dict
 
 
 def register_mode(module) -> None:
