@@ -1,0 +1,113 @@
+"""The agent benchmark's explanations, measured: the figures behind README's notes on sync throughput
+and get wake-up.
+
+1. Sync zero-latency throughput, this tree vs an older revision (--base), alternating rounds, each
+   in a fresh process with torch and transformers imported (as in any verl process).
+2. The same loop in this tree with and without gc.freeze() (the collector's share).
+3. get wake-up on the same samples, counted from "group ready" and from the later of "ready" and
+   "get called" (5 runs of 400 groups).
+    python bench/agent_ab.py --base ab4d0ac      # the revision before the thread bridge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+THROUGHPUT = r'''
+import gc, sys, time
+sys.path.insert(0, REPO)
+import torch, transformers, transformers.modeling_utils  # as in any verl process
+from verl_async_rm import RewardAgent
+def zero_sync(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+items = [{"solution_str": "x", "ground_truth": "x", "data_source": "b", "uid": i // 8, "extra_info": {}} for i in range(10000)]
+if FREEZE:
+    gc.freeze()
+rates = []
+for _ in range(3):
+    with RewardAgent(zero_sync, {"max_concurrency": 256}) as agent:
+        start = time.perf_counter(); ticket = agent.submit(items, 8); got = 0
+        while chunk := agent.get(ticket, 512):
+            got += len(chunk)
+        rates.append(got / (time.perf_counter() - start))
+print(max(rates))
+'''
+
+
+def throughput(repo: str, freeze: bool = False) -> float:
+    code = f"REPO={repo!r}\nFREEZE={freeze}\n" + THROUGHPUT
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir(), check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def wakeup_both_ways(runs: int = 5, groups: int = 400, group_size: int = 8) -> list[dict]:
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    from bench.agent_throughput import batch, sleep_async
+    from verl_async_rm import RewardAgent
+
+    results = []
+    for _ in range(runs):
+        latencies = [0.005 * (i // group_size + 1) for i in range(groups * group_size)]
+        from_ready, from_later = [], []
+        with RewardAgent(sleep_async, {"max_concurrency": groups * group_size}) as agent:
+            ticket = agent.submit(batch(groups * group_size, group_size, latencies), group_size)
+            while True:
+                called = time.monotonic()
+                chunk = agent.get(ticket, group_size)
+                if not chunk:
+                    break
+                now = time.monotonic()
+                from_ready.append(now - chunk.ready_at)
+                from_later.append(now - max(chunk.ready_at, called))
+        ready, later = np.array(from_ready) * 1000, np.array(from_later) * 1000
+        results.append({
+            "from_ready_p99_ms": round(float(np.percentile(ready, 99)), 2),
+            "from_later_p99_ms": round(float(np.percentile(later, 99)), 2),
+            "max_ms": round(float(later.max()), 2),
+            "ready_before_get_called": int(sum(a > b + 1e-9 for a, b in zip(from_ready, from_later))),
+        })
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="ab4d0ac", help="older revision to compare against")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "agent_ab.json"))
+    args = parser.parse_args()
+    base = tempfile.mkdtemp(prefix="agent_ab_base_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", base, args.base], check=True,
+                   capture_output=True)
+    try:
+        sync = {"base": [], "this_tree": []}
+        for _ in range(args.rounds):
+            sync["base"].append(round(throughput(base)))
+            sync["this_tree"].append(round(throughput(str(ROOT))))
+            print(f"sync scores/s: base {sync['base'][-1]:,}  this tree {sync['this_tree'][-1]:,}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", base], capture_output=True)
+    gc_effect = {"as_is": round(throughput(str(ROOT))), "gc_frozen": round(throughput(str(ROOT), freeze=True))}
+    print(f"sync scores/s with torch imported: as is {gc_effect['as_is']:,}, after gc.freeze() {gc_effect['gc_frozen']:,}")
+    wake = wakeup_both_ways()
+    for run in wake:
+        print(f"get wake-up p99: from ready {run['from_ready_p99_ms']} ms, from the later of ready/called "
+              f"{run['from_later_p99_ms']} ms (max {run['max_ms']} ms; {run['ready_before_get_called']} groups ready before get)")
+    report = {"command": " ".join(["python bench/agent_ab.py", *sys.argv[1:]]), "base": args.base,
+              "sync_throughput_ab": sync, "gc": gc_effect, "get_wakeup": wake}
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
