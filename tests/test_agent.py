@@ -91,7 +91,7 @@ def test_timeout_fails_the_sample_with_its_name_under_raise_policy():
         batch = [{"solution_str": "x", "extra_info": {"i": i}, "uid": f"u{i}"} for i in range(6)]
         ticket = agent.submit(batch, 1)
         start = time.perf_counter()
-        with pytest.raises(RewardError, match=r"sample 3 \(ticket 0, uid 'u3'\).*TimeoutError"):
+        with pytest.raises(RewardError, match=r"sample 3 \(ticket [0-9a-f]+-0, uid 'u3'\).*TimeoutError"):
             agent.get_all(ticket, timeout=10)
         assert time.perf_counter() - start < 5
         with pytest.raises(RewardError):  # the ticket stays failed
@@ -169,7 +169,7 @@ def test_bad_input_and_config_fail_at_once():
         with pytest.raises(ValueError, match="not a multiple of the group size 2"):
             agent.get(ticket, 3)
         with pytest.raises(KeyError, match="unknown ticket"):
-            agent.get(99, 2)
+            agent.get("not-a-ticket", 2)
         assert len(agent.get_all(ticket)) == 4
         assert len(agent.get(ticket, 2)) == 0  # drained: empty, not an error
         assert len(agent.get_all(agent.submit([], 1))) == 0
@@ -243,7 +243,7 @@ def test_cancel_stops_a_tickets_calls_and_fails_its_gets():
             agent.get(ticket)
         assert agent.cancel(ticket) == 0  # idempotent
         with pytest.raises(KeyError):
-            agent.cancel(ticket + 1)
+            agent.cancel(ticket + "-not-issued")
         metrics = agent.metrics()
         assert (metrics["cancelled"], metrics["pending"], metrics["in_flight"], metrics["open_tickets"]) == (8, 0, 0, 0)
         assert state == {"started": 8, "cancelled": 8}

@@ -44,8 +44,6 @@ def test_bad_settings_fail_when_the_agent_is_built(settings, match):
 def test_mismatched_options_fail_when_the_agent_is_built():
     with pytest.raises(ValueError, match="executor='process' is for sync"):
         RewardAgent(reward, {"executor": "process"})
-    with pytest.raises(ValueError, match="token_estimator"):
-        RewardAgent(reward, {"tokens_per_minute": 1000})
 
 
 def test_defaults_are_sensible():
@@ -69,5 +67,15 @@ def test_requests_per_minute_paces_requests():
     with RewardAgent(sync_reward, {"requests_per_minute": 600}) as agent:  # bucket of 10, ~9.8/s after
         start = time.perf_counter()
         agent.get_all(agent.submit([{"solution_str": "x"}] * 20, 1), timeout=10)
+        elapsed = time.perf_counter() - start
+    assert 0.9 < elapsed < 2.0
+
+
+def test_tokens_per_minute_works_from_config_alone():
+    """No estimator given: ~4 characters a token. 196-character responses are ~50 tokens, so with
+    6,000 tokens/min (a bucket of 100 draining ~98/s) four of them need ~1 s, as above."""
+    with RewardAgent(reward, {"tokens_per_minute": 6000}) as agent:
+        start = time.perf_counter()
+        agent.get_all(agent.submit([{"solution_str": "x" * 196}] * 4, 1), timeout=10)
         elapsed = time.perf_counter() - start
     assert 0.9 < elapsed < 2.0

@@ -116,7 +116,7 @@ def load_reward(path: str | None, name: str, kwargs: dict | None = None) -> User
 def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None = None) -> UserReward:
     """Accept a function, a class (instantiated here with ``kwargs``) or an instance with ``compute_score``."""
     kwargs = dict(kwargs or {})
-    label = spec.label if spec is not None else getattr(obj, "__qualname__", repr(obj))
+    label = spec.label if spec is not None else getattr(obj, "__qualname__", None) or type(obj).__qualname__
     if inspect.isclass(obj):
         if not callable(getattr(obj, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")
