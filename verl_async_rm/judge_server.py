@@ -689,7 +689,6 @@ class JudgeServer:
     def _decide(self, messages: list[dict], record: list) -> tuple[str, float, Any]:
         """Fault, delay and payload for one valid request; counted immediately (hangs never finish).
         For a refused request (storm, limiter) the delay is its Retry-After, already rounded up."""
-        cfg = self.config
         c = self._counters
         with c.lock:
             outcome, delay, payload = self._decide_locked(messages, time.monotonic())
