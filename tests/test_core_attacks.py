@@ -17,9 +17,9 @@ import gc
 import random
 import threading
 import time
+import tracemalloc
 from typing import Callable
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -341,10 +341,10 @@ def test_item04_open_groups_do_not_exhaust_the_actor(ray_session):
 def test_item05_huge_retry_after_is_bounded_by_backoff_max(agents):
     backoff_max = 1.0
     with JudgeServer(JudgeServerConfig()) as server:
-        server.start_storm(0.5, retry_after_s=86_400)  # the first request gets 429 + a day; later ones succeed
         judge = JudgeReward(base_url=server.base_url, api_key="k", model="m")
         agent = agents(judge, {"backoff_initial": 0.1, "backoff_max": backoff_max})
         started = time.monotonic()
+        server.start_storm(1.0, retry_after_s=86_400)  # the first request gets 429 + a day; later ones succeed
         ticket = agent.submit([{"solution_str": "#### 7", "ground_truth": "7"}], 1)
         chunk = bounded(lambda: agent.get_all(ticket, timeout=backoff_max + 8), backoff_max + 12, "get_all")
         took = time.monotonic() - started
@@ -450,10 +450,12 @@ class SwallowsCancellation:
 
     def __init__(self):
         self.probe = ConcurrencyProbe()
+        self.stubborn_calls = 0
         self.swallowed = 0
 
     async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
         if extra_info.get("stubborn"):
+            self.stubborn_calls += 1
             while True:
                 try:
                     await asyncio.sleep(3600)
@@ -473,7 +475,7 @@ def test_item08_swallowed_cancellation_leaks_no_slot(agents):
     agent = agents(reward, {"max_concurrency": cap, "request_timeout": 0.2, "ticket_deadline": 1.0, "max_attempts": 1})
     stubborn = items(cap, stubborn=True)
     chunk = bounded(lambda: agent.get_all(agent.submit(stubborn, 1), timeout=10), 15, "the stubborn ticket")
-    assert chunk.extra_info["reward_failed"] == [1] * cap and reward.swallowed >= 1
+    assert chunk.extra_info["reward_failed"] == [1] * cap and reward.stubborn_calls == cap
     later = bounded(lambda: agent.get_all(agent.submit(items(8 * cap), 1), timeout=10), 15, "a later ticket")
     kinds = [k for k in later.extra_info.get("reward_failure", []) if k]
     assert later.extra_info["reward_failed"] == [0] * (8 * cap), f"{len(kinds)} failed, as {set(kinds)}"
@@ -520,20 +522,25 @@ def test_item08_close_is_bounded_and_loud_with_a_stubborn_call():
 @pytest.mark.xfail(strict=True, reason="issue 11 item 9: a 10 MB error body is copied whole into every failed sample")
 def test_item09_huge_error_bodies_are_bounded(agents):
     size, samples = 10 * 2**20, 32  # the issue's sizes
-    process = psutil.Process()
     with JudgeServer(JudgeServerConfig(rate_500=1.0, error_body_bytes=size)) as server:
         judge = JudgeReward(base_url=server.base_url, api_key="k", model="m")
         agent = agents(judge, {"max_attempts": 1, "failure_policy": "fill"})
         gc.collect()
-        rss_before = process.memory_info().rss
-        chunk = bounded(lambda: agent.get_all(agent.submit(items(samples), 1), timeout=120), 130, "get_all")
-        gc.collect()
-        grown_mb = (process.memory_info().rss - rss_before) / 2**20
+        # Python allocations, not RSS: glibc keeps freed 10 MB blocks in its heap, so RSS would blame
+        # the agent for memory it has already given back.
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            chunk = bounded(lambda: agent.get_all(agent.submit(items(samples), 1), timeout=120), 130, "get_all")
+            gc.collect()
+            grown_mb = (tracemalloc.get_traced_memory()[0] - before) / 2**20
+        finally:
+            tracemalloc.stop()
         assert server.stats().outcomes["500"] == samples
     lengths = [len(e) for e in chunk.extra_info["reward_error"]]
     assert chunk.extra_info["reward_failure"] == ["http_500"] * samples
     assert max(lengths) <= 16_384, f"error text of {max(lengths):,} chars per sample"
-    assert grown_mb < 64, f"memory grew by {grown_mb:.0f} MB while the chunk is held"
+    assert grown_mb < 64, f"Python memory grew by {grown_mb:.0f} MB while the chunk is held (32 x 10 MB bodies)"
 
 
 # ----------------------------------------------------------------------------- item 10
