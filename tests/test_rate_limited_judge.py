@@ -9,7 +9,9 @@ Retry-After window, concurrency reached after a storm).
 
 from __future__ import annotations
 
+import time
 
+import openai
 import pytest
 
 from tests.harness import bounded, close_quietly, unformatted_logs  # noqa: F401 - autouse fixture
@@ -20,13 +22,31 @@ from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
 pytestmark = pytest.mark.slow
 
 
+class SeenByTheAgent(JudgeReward):
+    """JudgeReward that logs, per request, when the agent sent it, when its answer came back and
+    whether it was a 429: the agent's side of the exchange, to set against the server's."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.log: list[tuple[float, float, bool]] = []  # (sent, answered, throttled)
+
+    async def compute_score(self, *args, **kwargs):
+        sent = time.monotonic()
+        try:
+            return await super().compute_score(*args, **kwargs)
+        except openai.RateLimitError:
+            self.log.append((sent, time.monotonic(), True))
+            raise
+        finally:
+            if not self.log or self.log[-1][0] != sent:
+                self.log.append((sent, time.monotonic(), False))
+
+
 def judge_items(n: int) -> list[dict]:
     return [{"solution_str": f"#### {i % 3}", "ground_truth": str(i % 3)} for i in range(n)]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, reason="issue 11 item 13: against a token bucket the defaults treat 429 as failure: "
-                   "samples are lost and ~98% of requests after the first 429 are refused")
 def test_item13_token_bucket_judge_with_default_settings():
     capacity, refill = 30, 3.0  # "30 requests per 10 s"
     # The issue ran 200 samples (110 lost). 100 reproduce it (66 of 100 lost at the time of the
@@ -34,7 +54,7 @@ def test_item13_token_bucket_judge_with_default_settings():
     samples = 100
     config = JudgeServerConfig(bucket_capacity=capacity, bucket_refill_per_s=refill, latency=(0.02, 0.1))
     with JudgeServer(config) as server:
-        judge = JudgeReward(base_url=server.base_url, api_key="k", model="m")
+        judge = SeenByTheAgent(base_url=server.base_url, api_key="k", model="m")
         agent = RewardAgent(judge)  # DEFAULT settings: no requests_per_minute configured
         try:
             ticket = agent.submit(judge_items(samples), 1)
@@ -52,13 +72,16 @@ def test_item13_token_bucket_judge_with_default_settings():
     allowance = capacity + refill * (ok[-1] - first)  # the most the server could have accepted meanwhile
     goodput = len(ok) / allowance
     assert goodput >= 0.9, f"goodput {goodput:.0%} of the server's limit ({len(ok)} ok in {ok[-1] - first:.1f}s)"
-    refused = stats.throttled_share_after_first_throttle()
-    assert refused < 0.10, f"{refused:.0%} of the requests after the first 429 were refused too"
+    # "After the first 429": what the agent sends once it has seen one. Requests already on their
+    # way when it came back (the opening burst of 100 into a bucket of 30) cannot be recalled.
+    seen_at = min(answered for _, answered, throttled in judge.log if throttled)
+    later = [throttled for sent, _, throttled in judge.log if sent > seen_at]
+    assert later and sum(later) / len(later) < 0.10, (
+        f"{sum(later)} of the {len(later)} requests sent after the agent saw its first 429 were refused too"
+    )
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, reason="issue 11 item 13: during a 429 storm the agent keeps sending (no pause for "
-                   "Retry-After) and burns the samples' attempts")
 def test_item13_storm_pauses_the_agent_then_full_cap_again():
     cap, latency = 16, 0.5  # 32 requests/s when the cap is full
     storm_s, retry_after, lead_in = 20.0, 2.0, 3.0  # the issue's 20 s storm

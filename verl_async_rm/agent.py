@@ -126,6 +126,7 @@ class _HandOver:
     def __init__(self, notify: Callable[[], None]):
         self._lock = threading.Lock()
         self._notify = notify
+        self.task: asyncio.Task | None = None  # the engine-side take, on the engine's loop
         self.abandoned = False
         self.done = False
         self.result: list | None = None
@@ -197,8 +198,7 @@ class RewardAgent:
         try:
             self._wait(event)
         except BaseException:  # interrupted (KeyboardInterrupt): nothing may be lost
-            if not hand_over.abandon():
-                self._put_back(ticket, hand_over)
+            self._give_up(ticket, hand_over)
             raise
         return self._result(hand_over)
 
@@ -217,9 +217,8 @@ class RewardAgent:
         self._start_take(ticket, n, timeout, hand_over)
         try:
             await arrived
-        except BaseException:
-            if not hand_over.abandon():
-                self._put_back(ticket, hand_over)
+        except BaseException:  # cancelled: nothing may be lost
+            self._give_up(ticket, hand_over)
             raise
         return self._result(hand_over)
 
@@ -296,28 +295,34 @@ class RewardAgent:
     # -- helpers ----------------------------------------------------------------------------------
     def _start_take(self, ticket: str, n: int | None, timeout: float | None, hand_over: _HandOver) -> None:
         def start() -> None:
-            task = self._loop.create_task(self._engine.take(ticket, n, timeout))
+            if hand_over.abandoned:
+                return
+            task = hand_over.task = self._loop.create_task(self._engine.take(ticket, n, timeout, confirm=True))
 
-            def done(task: asyncio.Task) -> None:
+            def done(task: asyncio.Task) -> None:  # on the engine's loop: confirm or put back, atomically
                 if task.cancelled():
-                    delivered = hand_over.deliver(None, AgentClosed("the reward agent was closed"))
+                    hand_over.deliver(None, AgentClosed("the reward agent was closed"))
                 elif task.exception() is not None:
-                    delivered = hand_over.deliver(None, task.exception())
+                    hand_over.deliver(None, task.exception())
+                elif hand_over.deliver(task.result(), None):
+                    self._engine.confirm_taken(ticket)
                 else:
-                    delivered = hand_over.deliver(task.result(), None)
-                    if not delivered:
-                        self._engine.put_back(ticket, task.result())
+                    self._engine.put_back(ticket, task.result())
 
             task.add_done_callback(done)
 
         self._submit_to_loop(start)
 
-    def _put_back(self, ticket: str, hand_over: _HandOver) -> None:
-        if hand_over.result:
-            try:
+    def _give_up(self, ticket: str, hand_over: _HandOver) -> None:
+        """The caller leaves (interrupted, cancelled). If the groups had already arrived they go back;
+        otherwise the engine-side take is cancelled (it puts back anything it was handed meanwhile)."""
+        try:
+            if hand_over.abandon():
+                self._loop.call_soon_threadsafe(lambda: hand_over.task is not None and hand_over.task.cancel())
+            elif hand_over.result:
                 self._loop.call_soon_threadsafe(self._engine.put_back, ticket, hand_over.result)
-            except RuntimeError:  # the loop is closed: nobody can take them any more
-                pass
+        except RuntimeError:  # the loop is closed: nobody can take them any more
+            pass
 
     @staticmethod
     def _result(hand_over: _HandOver) -> ScoredChunk:

@@ -41,10 +41,8 @@ class AgentConfig(BaseModel):
     )
     hook_timeout: float | None = Field(300.0, gt=0, description="seconds for one post_process_scores call; None = bounded by the deadline only")
     max_failure_rate: float = Field(
-        0.5, gt=0, le=1, description="a ticket fails loudly once more than this share of its samples failed (1.0: never)"
-    )
-    max_consecutive_failures: int | None = Field(
-        100, ge=1, description="the agent fails loudly after this many failed samples in a row; None = never"
+        0.5, gt=0, le=1, description="fail loudly once more than this share of a ticket's samples (or of the agent's "
+        "last max(200, 2 x max_concurrency) samples) failed; 1.0: never"
     )
     max_hung_calls: int = Field(
         1000, ge=1, description="calls still running long after they were given up; past this the agent fails loudly"

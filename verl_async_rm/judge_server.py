@@ -691,16 +691,18 @@ class JudgeServer:
         For a refused request (storm, limiter) the delay is its Retry-After, already rounded up."""
         c = self._counters
         with c.lock:
-            outcome, delay, payload = self._decide_locked(messages, time.monotonic())
+            outcome, delay, payload = self._decide_locked(messages, time.monotonic(), arrived=record[0])
             c.outcomes[outcome] += 1
             record[1] = outcome
             return outcome, delay, payload
 
-    def _decide_locked(self, messages: list[dict], now: float) -> tuple[str, float, Any]:
+    def _decide_locked(self, messages: list[dict], now: float, arrived: float) -> tuple[str, float, Any]:
         cfg = self.config
         # Flow control first. Refused requests draw no randomness and take no token: the i-th
         # *accepted* request always gets the same fault, however the limiter's timing falls.
-        storm = storm_retry_after(self._counters.storms, now)
+        # A storm covers the requests that *arrived* in it (the record's time), not those whose
+        # body happened to be read in it.
+        storm = storm_retry_after(self._counters.storms, arrived)
         if storm is not None:
             return "storm", retry_after_header(storm, cfg.retry_after_whole_seconds), None
         if cfg.rpm_limit is not None:

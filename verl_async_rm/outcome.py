@@ -4,7 +4,7 @@ Plain data, no I/O.
 Errors (all raised by ``get``/``take`` or the per-sample call, never swallowed):
 - ``RewardError``: a reward could not be computed and the failure policy is ``raise``;
   ``FailureBudgetExceeded`` (a ``RewardError``): failures are systematic (service down, bad key,
-  broken reward), past ``max_failure_rate`` or ``max_consecutive_failures``;
+  broken reward), past ``max_failure_rate`` of a ticket or of the agent's recent samples;
 - ``TicketCancelled``: the ticket was cancelled;
 - ``AgentClosed``: the agent was closed while the caller waited;
 - ``RewardFunctionError``: the reward or its return value is unusable (raised at load time, or
@@ -89,8 +89,8 @@ class RewardError(RuntimeError):
 
 
 class FailureBudgetExceeded(RewardError):
-    """Failures are systematic: more than ``max_failure_rate`` of a ticket, or
-    ``max_consecutive_failures`` in a row. The message gives the failure kinds and first messages."""
+    """Failures are systematic: more than ``max_failure_rate`` of a ticket's samples, or of the agent's
+    recent samples. The message gives the failure kinds and the first messages."""
 
 
 class TicketCancelled(RuntimeError):

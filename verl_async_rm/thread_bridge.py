@@ -13,6 +13,9 @@ py-spy on 10k zero-latency sync rewards, where the event loop is the bottleneck)
   must know when it really ends (its concurrency slot is held until then), and a call that never
   ends must not take a thread for good: ``run(..., on_late_end=...)`` reports the end of a call
   whose future was already given up, and ``add_capacity`` lets the agent replace a hung thread.
+  So threads are counted exactly (idle, and jobs waiting for one): ThreadPoolExecutor's idle
+  semaphore keeps a permit for every finished job, which stays after the thread took another job;
+  with hung threads those stale permits claim idle threads that do not exist, and jobs wait forever.
 Nothing polls: a result never waits for a timer.
 """
 
@@ -35,8 +38,9 @@ class ThreadBridge:
         self._name = name
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = threading.Semaphore(0)  # one permit per idle worker
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the counts below and the finished list
+        self._idle_threads = 0  # waiting for a job
+        self._waiting_jobs = 0  # queued, not taken by a thread yet
         self._finished: list[tuple[asyncio.Future, Callable | None, bool, Any]] = []
         self._wake_pending = False
         self._closed = False
@@ -52,11 +56,15 @@ class ThreadBridge:
         if self._closed:
             raise RuntimeError("the reward agent's threads are shut down")
         future = self._loop.create_future()
+        with self._lock:
+            self._waiting_jobs += 1
+            spawn = self._waiting_jobs > self._idle_threads and len(self._threads) < self._max_threads
+            if spawn:
+                thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
         self._calls.put((call, future, on_late_end))
-        if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_threads:
-            thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads)}", daemon=True)
+        if spawn:
             thread.start()
-            self._threads.append(thread)
         return future
 
     def add_capacity(self, delta: int) -> None:
@@ -76,15 +84,19 @@ class ThreadBridge:
 
     def _worker(self) -> None:
         while True:
+            with self._lock:
+                self._idle_threads += 1
             job = self._calls.get()
             if job is _STOP:
                 return
+            with self._lock:
+                self._idle_threads -= 1
+                self._waiting_jobs -= 1
             call, future, on_late_end = job
             if future.done():  # given up before it started: skipped, but its end is still reported
                 self._finish(future, on_late_end, False, None)
             else:
                 self._finish(future, on_late_end, *self._call(call))
-            self._idle.release()
 
     @staticmethod
     def _call(call: Callable[[], Any]) -> tuple[bool, Any]:

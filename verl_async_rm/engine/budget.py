@@ -2,18 +2,18 @@
 failures are systematic (a service down, a wrong URL or key, a reward that raises on every input)
 and scoring stops with an error that says so. Pure book-keeping.
 
-Two budgets:
-- per ticket: more than ``max_failure_rate`` of its samples failed (and at least ``MIN_FAILURES``,
-  so a 4-sample validation batch with one timeout is the policy's business, not an alarm);
-- for the whole agent: ``max_consecutive_failures`` samples in a row failed, whatever their ticket
-  (this is what stops the per-sample path, which has no tickets, and a huge ticket early).
+Two budgets, one rate (``max_failure_rate``):
+- per ticket: more than that share of its samples failed (and at least ``MIN_FAILURES``, so a
+  4-sample validation batch with one timeout is the policy's business, not an alarm);
+- for the whole agent: more than that share of its last ``window`` settled samples, whatever their
+  ticket (this is what stops the per-sample path, which has no tickets, and a huge ticket early).
 Failed samples are those settled without a score (after retries, at the deadline, or by a failed
 group hook); cancelled samples are not failures.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 MIN_FAILURES = 5  # a ticket's rate budget only applies from this many failures on
@@ -66,27 +66,39 @@ class TicketBudget:
         )
 
 
-class ConsecutiveFailures:
-    """Samples settled in a row without a score, across every ticket and the per-sample path."""
+class RecentFailures:
+    """The agent's last ``window`` settled samples, whatever their ticket or the per-sample path.
 
-    def __init__(self, limit: int | None):
-        self.limit = limit
-        self.count = 0
+    A failure *rate* over a window, not a count of failures in a row: under concurrency, failures
+    settle in clusters (every call in flight times out together, a deadline expires a whole
+    backlog), so "N in a row" trips on a healthy service with one slow moment, while a service that
+    is down fails at a high rate whatever the order."""
+
+    def __init__(self, window: int, max_failure_rate: float):
+        self.window = window
+        self.max_failure_rate = max_failure_rate
+        self._recent: deque[bool] = deque(maxlen=window)
+        self.failed = 0
         self.digest = FailureDigest()
 
     def record(self, failed: bool, kind: str = "", message: str = "") -> bool:
-        """True when this failure reaches the limit (once per run of failures)."""
-        if not failed:
-            if self.count:
-                self.count = 0
-                self.digest = FailureDigest()
-            return False
-        self.count += 1
-        self.digest.add(kind, message)
-        return self.limit is not None and self.count == self.limit
+        """True when this sample takes the window over the rate (then the window starts afresh)."""
+        if len(self._recent) == self.window and self._recent[0]:
+            self.failed -= 1
+        self._recent.append(failed)
+        if failed:
+            self.failed += 1
+            self.digest.add(kind, message)
+        if len(self._recent) == self.window and self.failed > self.max_failure_rate * self.window:
+            return True
+        return False
 
     def describe(self) -> str:
-        return (
-            f"{self.count} samples in a row failed (max_consecutive_failures={self.limit}): the reward "
-            f"service looks down or misconfigured. {self.digest.describe()}"
+        text = (
+            f"{self.failed} of the last {self.window} samples failed (more than max_failure_rate="
+            f"{self.max_failure_rate:g}): the reward service looks down or misconfigured. {self.digest.describe()}"
         )
+        self._recent.clear()
+        self.failed = 0
+        self.digest = FailureDigest()
+        return text

@@ -13,8 +13,8 @@ Lives on one event loop and is only touched from it (the facades in ``agent.py``
 - **Nothing lost.** ``take`` hands over whole groups only to a taker that receives them: a taker
   that times out or is cancelled at the moment of hand-over puts them back, in order.
 - **Loud failure.** A ticket fails with ``FailureBudgetExceeded`` past ``max_failure_rate``; the
-  whole agent (every ticket, every waiting stream member) past ``max_consecutive_failures``,
-  ``max_hung_calls`` or ``max_throttled_s``.
+  whole agent (every ticket, every waiting stream member) past the same rate over its recent
+  samples, ``max_hung_calls`` or ``max_throttled_s``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Callable, Hashable
 
 from verl_async_rm.cache import ResultCache
 from verl_async_rm.config import AgentConfig
-from verl_async_rm.engine.budget import ConsecutiveFailures, TicketBudget
+from verl_async_rm.engine.budget import RecentFailures, TicketBudget
 from verl_async_rm.engine.executors import executor_for
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
@@ -100,7 +100,8 @@ class ScoringEngine:
         self._ticket_numbers = itertools.count()
         self.policy = failure_policy(config.failure_policy, fill_value=config.fill_value, neutral_value=config.neutral_value)
         self.metrics = AgentMetrics()
-        self.consecutive = ConsecutiveFailures(config.max_consecutive_failures)
+        # The agent-wide window: twice the cap (a whole in flight that fails at once is not enough).
+        self.recent = RecentFailures(max(200, 2 * config.max_concurrency), config.max_failure_rate)
         self.flow = FlowControl(FlowSettings(
             cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
             enabled=config.adaptive_concurrency,
@@ -170,9 +171,13 @@ class ScoringEngine:
         raise KeyError(f"unknown ticket {ticket!r}: not issued by this agent (agent id {self.id}; a re-created agent "
                        "does not know the tickets of the one before)")
 
-    async def take(self, ticket: str, n: int | None = None, timeout: float | None = None) -> list[GroupResult]:
+    async def take(
+        self, ticket: str, n: int | None = None, timeout: float | None = None, *, confirm: bool = False,
+    ) -> list[GroupResult]:
         """Whole groups of ``ticket`` totalling ``n`` samples (all that remain if fewer; all if None),
-        as soon as they are ready. A timeout (``TimeoutError``) or cancellation consumes nothing."""
+        as soon as they are ready. A timeout (``TimeoutError``) or cancellation consumes nothing.
+        ``confirm``: the caller is elsewhere (another thread or loop) and will ``confirm_taken`` or
+        ``put_back``; until then the ticket stays open, so a put-back always finds it."""
         run = self._run_of(ticket)
         if run is None:
             return []
@@ -182,7 +187,8 @@ class ScoringEngine:
         if not run.waiters:
             groups = run.ledger.take(n)
             if groups is not None:
-                self._retire_if_done(run)
+                if not confirm:
+                    self._retire_if_done(run)
                 return groups
         waiter = self.loop.create_future()
         entry = (n, waiter)
@@ -202,8 +208,15 @@ class ScoringEngine:
             if isinstance(exc, TimeoutError):
                 raise TimeoutError(f"get(ticket={ticket}, n={n}) timed out after {timeout}s; nothing was consumed") from None
             raise
-        self._retire_if_done(run)
+        if not confirm:
+            self._retire_if_done(run)
         return groups
+
+    def confirm_taken(self, ticket: str) -> None:
+        """A caller elsewhere received what ``take(confirm=True)`` handed over."""
+        run = self.tickets.get(ticket)
+        if run is not None:
+            self._retire_if_done(run)
 
     def put_back(self, ticket: str, groups: list[GroupResult]) -> None:
         """Groups a caller took but could not receive (its thread was interrupted): back in front."""
@@ -396,7 +409,7 @@ class ScoringEngine:
             if failed and owner.budget.record_failure(outcome.kind, outcome.message):
                 self._fail_ticket(owner, FailureBudgetExceeded(owner.budget.describe(owner.ticket)))
                 return
-            if self._count_consecutive(failed, outcome):
+            if self._count_recent(failed, outcome):
                 return
             group = owner.ledger.settle(sample.item.index, outcome)
             if group is not None:
@@ -406,15 +419,15 @@ class ScoringEngine:
             return
         member: StreamMember = owner
         self.metrics.latencies.append(now - member.arrived_at)
-        if self._count_consecutive(failed, outcome):
+        if self._count_recent(failed, outcome):
             return
         if member.group.settle(member.position, outcome):
             self._resolve_stream_group(member.group)
 
-    def _count_consecutive(self, failed: bool, outcome: Outcome) -> bool:
+    def _count_recent(self, failed: bool, outcome: Outcome) -> bool:
         kind, message = (outcome.kind, outcome.message) if failed else ("", "")
-        if self.consecutive.record(failed, kind, message):
-            self._systemic_failure(self.consecutive.describe(), budget=True)
+        if self.recent.record(failed, kind, message):
+            self._systemic_failure(self.recent.describe(), budget=True)
             return True
         return False
 
@@ -474,7 +487,7 @@ class ScoringEngine:
             if run is not None and run.error is None and run.budget.record_failure(kind, failure.message, newly_failed):
                 self._fail_ticket(run, FailureBudgetExceeded(run.budget.describe(run.ticket)))
                 return
-            if any(self._count_consecutive(True, failure) for _ in range(newly_failed)):
+            if any(self._count_recent(True, failure) for _ in range(newly_failed)):
                 return
         try:
             failed = resolve_group(SettledGroup(result.key, result.indices, [failure] * len(result.indices)), self.policy)

@@ -37,6 +37,9 @@ class AsyncCalls:
     def start(self, fields: dict, on_late_end: Callable[[], None]) -> Awaitable:
         return self._fn(**fields, **self._kwargs)  # the coroutine: awaited inline by the attempt
 
+    def replace_hung_thread(self, delta: int = 1) -> None:
+        """A hung coroutine holds no thread."""
+
     def statistics(self) -> dict:
         return {}
 
@@ -56,6 +59,7 @@ class ThreadCalls:
         return self.bridge.run(functools.partial(self._fn, **fields, **self._kwargs), on_late_end)
 
     def replace_hung_thread(self, delta: int = 1) -> None:
+        """One more thread while a hung one is stuck (``delta=-1`` once it has returned after all)."""
         self.bridge.add_capacity(delta)
 
     def statistics(self) -> dict:
@@ -83,6 +87,9 @@ class ProcessCalls:
     def start(self, fields: dict, on_late_end: Callable[[], None]) -> asyncio.Future:
         # Cancelling the asyncio future cancels pebble's, which terminates the worker running it.
         return asyncio.wrap_future(self.pool.schedule(self._call, args=(fields,)))
+
+    def replace_hung_thread(self, delta: int = 1) -> None:
+        """A cancelled process call is killed: nothing to replace here (pebble starts a new worker)."""
 
     def statistics(self) -> dict:
         return {}

@@ -167,29 +167,34 @@ class FlowControl:
         are neither counted nor guessed), the larger of two lower bounds:
         - since an earlier event: the latest one at least ``min_span_s`` ago (recent enough to follow a
           changed limit, long enough that counting whole requests does not dominate);
-        - over the last few latencies: after a ramp (slow start), the span since the last event is
-          mostly ramp, below the limit; its last round trips ran at the limit."""
+        - over the last few latencies, before the first pace only: after a ramp (slow start), the
+          span since the last event is mostly ramp, below the limit; its last round trips ran at it."""
         horizon = now - self.settings.horizon_s
         while self._log and self._log[0][0] < horizon:
             self._log.popleft()
         recent_span = self._recent_span()
         while self._recent and self._recent[0] < now - recent_span:
             self._recent.popleft()
-        estimates = []
+        estimates = []  # (rate, answers it rests on)
         for at, accepted in reversed(self._log):
             span = now - at
             if span >= self.settings.min_span_s:
-                estimates.append((self._accepted - accepted) / span)
+                estimates.append(((self._accepted - accepted) / span, self._accepted - accepted))
                 break
-        if self._log and now - self._log[0][0] >= recent_span:
-            estimates.append(len(self._recent) / recent_span)
-        rate = max(estimates, default=0.0)
+        if self.measured_rate is None and self._log and now - self._log[0][0] >= recent_span:
+            # Only for the first pace: once requests are paced, a pause refills the service's bucket,
+            # and the burst that drains it after the pause would read as a higher rate.
+            estimates.append((len(self._recent) / recent_span, len(self._recent)))
+        rate, evidence = max(estimates, default=(0.0, 0))
         if rate > 0:  # nothing accepted (a storm of 429s): nothing learned
             self.measured_rate = max(MIN_RATE, rate)
             self._rate_at = now
-            # The curve's second: long enough for answers to come back and for a few requests to
-            # be sent, so each cycle below and above the limit is measured rather than guessed.
-            self._unit = max(0.25, 2.0 * self._latency, 10.0 / self.measured_rate)
+            # The curve's second: long enough for answers to come back and for a few requests to be
+            # sent (up to 10), so each cycle below and above the limit is measured rather than
+            # guessed. A rate measured on fewer answers is rough (one answer in half a second says
+            # 2/s of a 3/s limit): its curve is shorter, so the next throttle, and a better
+            # measurement, come soon.
+            self._unit = max(0.25, 2.0 * self._latency, min(evidence, 10) / self.measured_rate)
             self._next_send = max(self._next_send, self.paused_until)
         self._log.append((now, self._accepted))
 

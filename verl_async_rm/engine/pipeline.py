@@ -15,8 +15,8 @@ is O(1) each.
 
 A concurrency slot is held by an *attempt* from its start until the user's call really ends: a
 thread that keeps running after a timeout keeps its slot (``max_concurrency`` is what the service
-sees), until it returns or is declared hung, ``request_timeout`` after the timeout, whichever is
-first. A declared-hung call frees its slot, its thread is replaced, and it is counted; past
+sees), until it returns or is declared hung, ``max(request_timeout, 1 s)`` after the timeout,
+whichever is first. A declared-hung call frees its slot, its thread is replaced, and it is counted; past
 ``max_hung_calls`` the engine fails loudly. An async reward that swallows its cancellation is
 caught by the same watchdog: its attempt is finished from outside as a timeout.
 
@@ -103,7 +103,8 @@ class RequestPipeline:
         self.calls = calls
         self.cap = max_concurrency
         self.timeout = request_timeout
-        self.hung_grace = request_timeout if request_timeout is not None else NO_TIMEOUT_GRACE
+        # A call given up (timeout, cancel) that has not ended this much later is declared hung.
+        self.hung_grace = max(request_timeout, 1.0) if request_timeout is not None else NO_TIMEOUT_GRACE
         self.retry = retry
         self.flow = flow
         self.metrics = metrics
@@ -237,9 +238,10 @@ class RequestPipeline:
             attempt.task.cancel()
 
     def _cancel_attempt(self, attempt: Attempt) -> None:
-        if attempt.timer is not None:
-            attempt.timer.cancel()
-        attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
+        if not attempt.timed_out:  # a timed-out call's watchdog is already running: never postpone it
+            if attempt.timer is not None:
+                attempt.timer.cancel()
+            attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
         if attempt.task is not None:
             attempt.task.cancel()
 
@@ -253,8 +255,7 @@ class RequestPipeline:
         attempt.hung = True
         self.hung_now += 1
         self.metrics.hung_calls += 1
-        if isinstance(self.calls, _HasThreads):
-            self.calls.replace_hung_thread(+1)
+        self.calls.replace_hung_thread(+1)
         _log.warning(
             "%s: the reward call has not returned %ss after it was given up (timeout or cancel); its "
             "slot is freed and it is counted as hung (%d now)", attempt.sample.where(), self.hung_grace, self.hung_now,
@@ -404,8 +405,8 @@ class RequestPipeline:
         for task in list(self.tasks):
             task.cancel()
         stuck = 0
-        if self.tasks:
-            _, pending = await asyncio.wait(list(self.tasks), timeout=timeout)
+        if self.tasks:  # a cancelled call ends within milliseconds; one that ignores it is left behind
+            _, pending = await asyncio.wait(list(self.tasks), timeout=min(timeout, 2.0))
             stuck = len(pending)
         await self.calls.aclose()
         return stuck
@@ -419,10 +420,3 @@ class RequestPipeline:
             **self.calls.statistics(),
         }
 
-
-class _HasThreads:
-    """isinstance check for executors whose hung calls hold a thread (see executors.ThreadCalls)."""
-
-    @classmethod
-    def __subclasshook__(cls, other):
-        return hasattr(other, "replace_hung_thread")
