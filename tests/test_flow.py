@@ -18,7 +18,7 @@ pytestmark = pytest.mark.quick
 
 
 def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed=0, round_up=False, storm=None,
-             max_pause=30.0):
+             max_pause=30.0, random_429=0.0, random_retry_after=0.05):
     """A client with FlowControl against a token-bucket server (capacity, refill/s; Retry-After = time
     to the next token, optionally rounded up to whole seconds) or a storm (start, duration, R) in which
     every request is refused. Discrete events; returns what the issue's targets are about."""
@@ -35,6 +35,8 @@ def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed
         nonlocal tokens, refilled_at
         if storm and storm[0] <= t < storm[0] + storm[1]:
             return False, storm[2]
+        if random_429 and rng.random() < random_429:
+            return False, random_retry_after
         if refill is None:
             return True, None
         tokens = min(capacity, tokens + (t - refilled_at) * refill)
@@ -152,3 +154,15 @@ def test_disabled_flow_control_never_pauses():
     epoch = flow.on_send(0.0)
     flow.on_answer(0.0, epoch, throttled=True, retry_after=10.0)
     assert flow.send_delay(0.0) == 0.0 and flow.throttles == 1
+
+
+@pytest.mark.parametrize("share, at_least", [(0.01, 0.08), (0.10, 0.015)])
+def test_throttles_that_are_not_a_limit_do_not_spiral_the_pace_down(share, at_least):
+    """429s now and then (1% or 10%, Retry-After 50 ms) from a service with no rate limit. A client
+    cannot tell them from a limit it slightly exceeds, and each one pauses the whole agent as the
+    service asked; what must not happen is a pace that ratchets down event after event (what is
+    accepted is only our own pace minus the pauses) until nothing moves. A guard, not a target:
+    5,000 requests at cap 64, 20-80 ms latency, against the same service without throttles."""
+    result = simulate(n=5_000, cap=64, refill=None, random_429=share)
+    unthrottled = simulate(n=5_000, cap=64, refill=None)
+    assert unthrottled["elapsed"] / result["elapsed"] >= at_least

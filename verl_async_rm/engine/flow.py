@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 MIN_RATE = 0.01  # requests/s: a learned pace never goes below one request per 100 s
+RELIABLE_EVIDENCE = 10  # a measurement resting on this many answers is kept for the max filter
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class FlowControl:
         self._accepted = 0  # accepted answers to requests of countable epochs
         self._recent: deque[float] = deque()  # their times, over the last few latencies
         self._log: deque[tuple[float, int]] = deque()  # (event time, self._accepted then)
+        self._measured: deque[tuple[float, float]] = deque()  # (time, rate) of well-founded measurements
 
     # -- queries --------------------------------------------------------------------------------
     def current_rate(self, now: float) -> float | None:
@@ -160,6 +162,7 @@ class FlowControl:
         self._countable = self._epoch + 1
         self._log.clear()
         self._recent.clear()
+        self._measured.clear()
 
     # -- the rate -----------------------------------------------------------------------------------
     def _measure(self, now: float) -> None:
@@ -186,7 +189,20 @@ class FlowControl:
             # and the burst that drains it after the pause would read as a higher rate.
             estimates.append((len(self._recent) / recent_span, len(self._recent)))
         rate, evidence = max(estimates, default=(0.0, 0))
-        if rate > 0:  # nothing accepted (a storm of 429s): nothing learned
+        # Max filter (as BBR keeps the bottleneck bandwidth): the service's rate is the largest
+        # well-founded measurement of the horizon, not the latest. Under throttles that do not
+        # come from a rate we exceed (a 429 now and then), what was accepted is just our own pace
+        # minus the pauses, and restarting from the latest measurement would spiral down.
+        while self._measured and self._measured[0][0] < horizon:
+            self._measured.popleft()
+        if evidence >= RELIABLE_EVIDENCE:
+            self._measured.append((now, rate))
+        rate = max([rate, *(r for _, r in self._measured)])
+        pace = self.current_rate(now)
+        # Throttled while pacing below the rate the service is known to accept: not the limit we
+        # pace against (a token bucket would not refuse us here). Pause as asked, keep the curve.
+        below_known = pace is not None and pace < self.measured_rate
+        if rate > 0 and not below_known:  # nothing accepted (a storm of 429s): nothing learned
             self.measured_rate = max(MIN_RATE, rate)
             self._rate_at = now
             # The curve's second: long enough for answers to come back and for a few requests to be
