@@ -89,7 +89,16 @@ def accept_recipe_spellings(argv: list[str]) -> list[str]:
     return [arg[1:] if arg.startswith("+") and arg[1:].split("=", 1)[0] in STRATEGY_KEYS else arg for arg in argv]
 
 
+def refuse_unsupported_verl() -> None:
+    """On a verl outside the supported range the plugin disabled itself (it only warns, so verl keeps
+    working for everyone); this entry point exists for our features, so here it is an error."""
+    from verl_async_rm.verl_compat import check_installed_version
+
+    check_installed_version("python -m verl_async_rm.main_ppo")
+
+
 def cli() -> None:
+    refuse_unsupported_verl()
     sys.argv[1:] = accept_recipe_spellings(sys.argv[1:])
     main()
 
