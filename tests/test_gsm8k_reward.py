@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from user_rewards.gsm8k import compute_score, compute_score_async, extract_answer
+from verl_async_rm.user_rewards.gsm8k import compute_score, compute_score_async, extract_answer
 
 pytestmark = pytest.mark.quick
 

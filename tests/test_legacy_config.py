@@ -1,0 +1,202 @@
+"""verl's legacy reward keys: moved to ``reward.*`` on both entry points, never silently ignored.
+
+verl 0.9.1's stock ``main_ppo`` composes ``reward_model.reward_manager``/``custom_reward_function``
+and then ignores them; with this package installed, a run that selects ``async_agent`` gets them
+moved (hydra plugin + callback, ``integration/hydra_legacy.py``), and any other run is untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from tests.conftest import ROOT
+from verl_async_rm.integration.legacy_config import (
+    exact_spelling,
+    legacy_selector,
+    migrate_legacy_reward_config,
+    selects_async_agent,
+)
+
+LEGACY_BLOCK = [
+    "custom_reward_function.path=/r/judge.py",
+    "custom_reward_function.name=Judge",
+    "+custom_reward_function.reward_kwargs.model=m",
+    "reward_model.num_workers=3",
+    "+reward_model.reward_kwargs.overlong=1",
+    "reward_model.enable=true",
+    "reward_model.model.path=/models/rm",
+    "reward_model.rollout.name=vllm",
+    "reward_model.rollout.tensor_model_parallel_size=4",
+    "sandbox_fusion.url=http://127.0.0.1:9",
+]
+
+
+def leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def stock_config(*overrides):
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+def ours_config(*overrides):
+    from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings
+
+    with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
+        return compose(CONFIG_NAME, overrides=accept_recipe_spellings(list(overrides)))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "selector", ["reward_model.reward_manager=async_agent", "+reward_model.reward_manager.name=async_agent"]
+)
+def test_the_whole_legacy_block_moves_as_verls_own_migration_moves_it(selector):
+    """Same result as verl's ``migrate_legacy_reward_impl`` on the ``reward`` node, for both spellings."""
+    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+    config = stock_config(selector, *LEGACY_BLOCK)
+    assert legacy_selector(config) == "async_agent" and selects_async_agent(config)
+    moved = migrate_legacy_reward_config(config)
+    assert "reward_model.reward_manager -> reward.reward_manager.name" in moved and len(moved) == len(LEGACY_BLOCK) + 1
+    reward = OmegaConf.to_container(config.reward)
+    assert reward["reward_manager"]["name"] == "async_agent"
+    assert reward["custom_reward_function"] == {"path": "/r/judge.py", "name": "Judge", "reward_kwargs": {"model": "m"}}
+    assert reward["num_workers"] == 3 and reward["reward_kwargs"] == {"overlong": 1}
+    assert reward["reward_model"]["model_path"] == "/models/rm" and reward["reward_model"]["rollout"]["name"] == "vllm"
+    assert reward["sandbox_fusion"]["url"] == "http://127.0.0.1:9"
+    # the legacy keys are emptied, in verl's shape (a string slot for the selector)
+    assert config.reward_model.reward_manager is None and config.custom_reward_function.path is None
+    assert legacy_selector(config) is None and migrate_legacy_reward_config(config) == []  # idempotent
+
+    # verl's own migration sets the same values; it replaces custom_reward_function and sandbox_fusion
+    # wholesale (dropping their other defaults to None), where ours merges key by key
+    verl_side = stock_config("reward_model.reward_manager=async_agent", *LEGACY_BLOCK)
+    migrate_legacy_reward_impl(verl_side)
+    verl_values = {k: v for k, v in leaves(OmegaConf.to_container(verl_side.reward)).items() if v is not None}
+    ours = leaves(reward)
+    assert {k: ours.get(k) for k in verl_values} == verl_values
+
+
+@pytest.mark.quick
+def test_a_legacy_path_without_name_keeps_the_default_name():
+    config = stock_config("reward_model.reward_manager=async_agent", "custom_reward_function.path=/r/x.py")
+    migrate_legacy_reward_config(config)
+    assert OmegaConf.to_container(config.reward.custom_reward_function) == {"path": "/r/x.py", "name": "compute_score"}
+
+
+@pytest.mark.quick
+def test_the_printed_spelling_composes_to_the_same_reward_config():
+    """The spelling a refusal prints is the real thing: composed, it gives what the migration gives."""
+    legacy = stock_config("reward_model.reward_manager=async_agent", *LEGACY_BLOCK)
+    spelling = exact_spelling(legacy).split()
+    assert spelling[0] == "reward.reward_manager.name=async_agent"
+    migrated = copy.deepcopy(legacy)
+    migrate_legacy_reward_config(migrated)
+    assert OmegaConf.to_container(stock_config(*spelling).reward) == OmegaConf.to_container(migrated.reward)
+
+
+def run_stock_main(cases: list[list[str]], tmp_path, without_plugin: bool = False) -> list[dict]:
+    """verl's stock main_ppo in a fresh process (tests/stock_main_probe.py), one result per case."""
+    cmd = [sys.executable, "-m", "tests.stock_main_probe", json.dumps(cases)] + (["--without-plugin"] if without_plugin else [])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE"):])
+
+
+CASES = {
+    "string": ["reward_model.reward_manager=async_agent", "custom_reward_function.path=/r/judge.py",
+               "custom_reward_function.name=Judge"],
+    "plus_name": ["+reward_model.reward_manager.name=async_agent", "custom_reward_function.path=/r/judge.py",
+                  "custom_reward_function.name=Judge"],
+    "current_selector_legacy_reward": ["reward.reward_manager.name=async_agent", "custom_reward_function.path=/r/judge.py",
+                                       "custom_reward_function.name=Judge"],
+    "name_without_plus": ["reward_model.reward_manager.name=async_agent"],
+    "multirun": ["-m", "reward_model.reward_manager=async_agent", "custom_reward_function.path=/r/judge.py",
+                 "hydra.sweep.dir=."],
+    "other_manager": ["reward_model.reward_manager=batch", "custom_reward_function.path=/r/judge.py"],
+    "plain": ["data.train_batch_size=32"],
+}
+
+
+@pytest.fixture(scope="module")
+def stock_runs(tmp_path_factory):
+    names = list(CASES)
+    with_us = run_stock_main([CASES[n] for n in names], tmp_path_factory.mktemp("with"))
+    without_us = run_stock_main([CASES[n] for n in names], tmp_path_factory.mktemp("without"), without_plugin=True)
+    return dict(zip(names, with_us)), dict(zip(names, without_us))
+
+
+@pytest.mark.parametrize("case", ["string", "plus_name", "current_selector_legacy_reward"])
+def test_stock_main_ppo_runs_async_agent_with_the_legacy_reward(case, stock_runs):
+    ours, stock = stock_runs
+    run = ours[case]
+    assert run["exit"] == 0, run["stderr"]
+    reward = run["config"]["reward"]
+    assert reward["reward_manager"]["name"] == "async_agent"
+    assert reward["custom_reward_function"] == {"path": "/r/judge.py", "name": "Judge"}
+    assert "legacy reward config moved" in run["stderr"]
+    # without us, verl ran its naive manager with its default reward: the silent failure fixed here
+    if case != "current_selector_legacy_reward":
+        assert stock[case]["config"]["reward"]["reward_manager"]["name"] == "naive"
+    assert stock[case]["config"]["reward"]["custom_reward_function"]["path"] is None
+
+
+def test_stock_main_ppo_names_the_spelling_where_it_cannot_honour_the_legacy_keys(stock_runs):
+    ours, _ = stock_runs
+    # hydra refuses a key verl's legacy schema does not have, and names the spelling that works (above)
+    assert ours["name_without_plus"]["exit"] == 1 and ours["name_without_plus"]["config"] is None
+    assert "+reward_model.reward_manager.name=async_agent" in ours["name_without_plus"]["stderr"]
+    # multirun composes every job anew, out of the callback's reach: refused at start, never naive
+    multirun = ours["multirun"]
+    assert multirun["exit"] == 1 and multirun["config"] is None
+    assert ("Use: reward.reward_manager.name=async_agent reward.custom_reward_function.path=/r/judge.py"
+            in multirun["stderr"])
+
+
+@pytest.mark.parametrize("case", ["other_manager", "plain"])
+def test_stock_main_ppo_is_untouched_when_async_agent_is_not_selected(case, stock_runs):
+    ours, stock = stock_runs
+    assert ours[case]["exit"] == stock[case]["exit"] == 0, ours[case]["stderr"]
+    assert ours[case]["config"] == stock[case]["config"]  # key for key what verl composes without us
+    assert "verl_async_rm" not in ours[case]["stderr"]
+
+
+@pytest.mark.quick
+def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_block():
+    from verl_async_rm.main_ppo import prepare
+
+    gsm8k = ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py"
+    config = prepare(ours_config(
+        "reward_model.reward_manager=async_agent", f"custom_reward_function.path={gsm8k}",
+        "custom_reward_function.name=compute_score", "+custom_reward_function.reward_kwargs.latency_hi=0",
+        "+reward.async_agent.max_concurrency=64", "reward.async_agent.max_attempts=5", "+mini_batch_pipeline=false",
+    ))
+    assert config.reward.reward_manager.name == "async_agent"
+    assert config.reward.custom_reward_function.name == "compute_score"
+    assert config.reward.custom_reward_function.reward_kwargs == {"latency_hi": 0}
+    assert config.reward.async_agent.max_concurrency == 64 and config.reward.async_agent.max_attempts == 5
+    assert config.reward_model.reward_manager is None and config.custom_reward_function.path is None
+    # every spelling of the selector composes on ours
+    for selector in ("reward_model.reward_manager.name=async_agent", "+reward_model.reward_manager.name=async_agent",
+                     "reward_model.reward_manager=async_agent"):
+        assert prepare(ours_config(selector)).reward.reward_manager.name == "async_agent"
+    # a misspelt setting keeps its '+' and is refused by the settings check, by name
+    with pytest.raises(ValueError, match="max_concurency"):
+        prepare(ours_config("reward.reward_manager.name=async_agent", "+reward.async_agent.max_concurency=3"))
