@@ -200,3 +200,25 @@ def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_bloc
     # a misspelt setting keeps its '+' and is refused by the settings check, by name
     with pytest.raises(ValueError, match="max_concurency"):
         prepare(ours_config("reward.reward_manager.name=async_agent", "+reward.async_agent.max_concurency=3"))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "main, ours_added",
+    [("pkg://verl.trainer/config", True), ("pkg://verl.trainer.config", True), ("pkg://my_app.conf", False),
+     ("file:///tmp/my_configs", False)],
+)
+def test_the_search_path_plugin_acts_on_verls_config_directory_only(main, ours_added):
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+
+    from verl_async_rm.integration.hydra_legacy import LegacyRewardSearchPath
+
+    search_path = ConfigSearchPathImpl()
+    search_path.append("hydra", "pkg://hydra.conf")
+    search_path.append("main", main)
+    LegacyRewardSearchPath().manipulate_search_path(search_path)
+    entries = [(e.provider, e.path) for e in search_path.get_path()]
+    if ours_added:  # just before verl's directory: it shadows verl's legacy_reward_impl and nothing else
+        assert entries == [("hydra", "pkg://hydra.conf"), ("verl-async-rm", "verl-async-rm-legacy://verl"), ("main", main)]
+    else:
+        assert entries == [("hydra", "pkg://hydra.conf"), ("main", main)]

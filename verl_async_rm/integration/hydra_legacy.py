@@ -86,15 +86,15 @@ class LegacyRewardConfigSource(ConfigSource):
     def load_config(self, config_path: str) -> ConfigResult:
         if not self._is_ours(config_path):
             raise ConfigLoadError(f"Config not found: {config_path}")
-        from hydra._internal.core_plugins.importlib_resources_config_source import ImportlibResourcesConfigSource
+        from importlib.resources import files
 
-        verl = ImportlibResourcesConfigSource(provider="verl", path=f"pkg://{VERL_CONFIG_PACKAGE}").load_config(config_path)
+        text = files(VERL_CONFIG_PACKAGE).joinpath(f"{LEGACY_CONFIG}.yaml").read_text(encoding="utf-8")
         callback = OmegaConf.create({"hydra": {"callbacks": {CALLBACK_KEY: {"_target_": CALLBACK_TARGET}}}})
         return ConfigResult(
             provider=self.provider,
             path=self.full_path(),
-            config=OmegaConf.merge(verl.config, callback),
-            header=verl.header,
+            config=OmegaConf.merge(OmegaConf.create(text), callback),
+            header=self._get_header_dict(text),  # hydra's own parser of "# @package" headers
         )
 
     def is_group(self, config_path: str) -> bool:
