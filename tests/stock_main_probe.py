@@ -19,9 +19,9 @@ import sys
 def main() -> None:
     cases = json.loads(sys.argv[1])
     if "--without-plugin" in sys.argv:
-        from verl_async_rm.integration.hydra_legacy import LegacyRewardSearchPath
+        from verl_async_rm.integration.stock_entry import VerlConfigSearchPath
 
-        LegacyRewardSearchPath.manipulate_search_path = lambda self, search_path: None
+        VerlConfigSearchPath.manipulate_search_path = lambda self, search_path: None
 
     import verl.trainer.main_ppo as stock
     from omegaconf import OmegaConf

@@ -2,7 +2,7 @@
 
 verl 0.9.1's stock ``main_ppo`` composes ``reward_model.reward_manager``/``custom_reward_function``
 and then ignores them; with this package installed, a run that selects ``async_agent`` gets them
-moved (hydra plugin + callback, ``integration/hydra_legacy.py``), and any other run is untouched.
+moved (hydra plugin + callback, ``integration/stock_entry.py``), and any other run is untouched.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from tests.conftest import ROOT
+from tests.conftest import REWARDS, ROOT
 from verl_async_rm.integration.legacy_config import (
     exact_spelling,
     legacy_selector,
@@ -120,17 +120,21 @@ def run_stock_main(cases: list[list[str]], tmp_path, without_plugin: bool = Fals
     return json.loads(lines[-1][len("PROBE"):])
 
 
+EXAMPLES = str(REWARDS / "examples.py")
+LEGACY_REWARD = [f"custom_reward_function.path={EXAMPLES}", "custom_reward_function.name=plain"]
 CASES = {
-    "string": ["reward_model.reward_manager=async_agent", "custom_reward_function.path=/r/judge.py",
-               "custom_reward_function.name=Judge"],
-    "plus_name": ["+reward_model.reward_manager.name=async_agent", "custom_reward_function.path=/r/judge.py",
-                  "custom_reward_function.name=Judge"],
-    "current_selector_legacy_reward": ["reward.reward_manager.name=async_agent", "custom_reward_function.path=/r/judge.py",
-                                       "custom_reward_function.name=Judge"],
+    "string": ["reward_model.reward_manager=async_agent", *LEGACY_REWARD],
+    "plus_name": ["+reward_model.reward_manager.name=async_agent", *LEGACY_REWARD],
+    "current_selector_legacy_reward": ["reward.reward_manager.name=async_agent", *LEGACY_REWARD],
     "name_without_plus": ["reward_model.reward_manager.name=async_agent"],
-    "multirun": ["-m", "reward_model.reward_manager=async_agent", "custom_reward_function.path=/r/judge.py",
+    "multirun": ["-m", "reward_model.reward_manager=async_agent", f"custom_reward_function.path={EXAMPLES}",
                  "hydra.sweep.dir=."],
-    "other_manager": ["reward_model.reward_manager=batch", "custom_reward_function.path=/r/judge.py"],
+    "bad_reward_kwargs": ["reward_model.reward_manager=async_agent", *LEGACY_REWARD,
+                          "+custom_reward_function.reward_kwargs.bonnus=1"],
+    "judge_without_model": ["reward.reward_manager.name=async_agent",
+                            "reward.custom_reward_function.path=pkg://verl_async_rm.user_rewards.llm_judge",
+                            "reward.custom_reward_function.name=JudgeReward"],
+    "other_manager": ["reward_model.reward_manager=batch", f"custom_reward_function.path={EXAMPLES}"],
     "plain": ["data.train_batch_size=32"],
 }
 
@@ -150,7 +154,7 @@ def test_stock_main_ppo_runs_async_agent_with_the_legacy_reward(case, stock_runs
     assert run["exit"] == 0, run["stderr"]
     reward = run["config"]["reward"]
     assert reward["reward_manager"]["name"] == "async_agent"
-    assert reward["custom_reward_function"] == {"path": "/r/judge.py", "name": "Judge"}
+    assert reward["custom_reward_function"] == {"path": EXAMPLES, "name": "plain"}
     assert "legacy reward config moved" in run["stderr"]
     # without us, verl ran its naive manager with its default reward: the silent failure fixed here
     if case != "current_selector_legacy_reward":
@@ -166,8 +170,21 @@ def test_stock_main_ppo_names_the_spelling_where_it_cannot_honour_the_legacy_key
     # multirun composes every job anew, out of the callback's reach: refused at start, never naive
     multirun = ours["multirun"]
     assert multirun["exit"] == 1 and multirun["config"] is None
-    assert ("Use: reward.reward_manager.name=async_agent reward.custom_reward_function.path=/r/judge.py"
-            in multirun["stderr"])
+    assert f"Use: reward.reward_manager.name=async_agent reward.custom_reward_function.path={EXAMPLES}" in multirun["stderr"]
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [("bad_reward_kwargs", r"examples.py:plain cannot be called .*'bonnus'"),
+     ("judge_without_model", r"cannot instantiate verl_async_rm.user_rewards.llm_judge:JudgeReward .*needs .*model")],
+)
+def test_stock_main_ppo_checks_the_reward_at_start(case, match, stock_runs):
+    """Before any Ray worker: a wrong reward kwarg, or a class whose constructor refuses its config."""
+    import re
+
+    run = stock_runs[0][case]
+    assert run["exit"] == 1 and run["config"] is None
+    assert "async_agent cannot start" in run["stderr"] and re.search(match, run["stderr"]), run["stderr"]
 
 
 @pytest.mark.parametrize("case", ["other_manager", "plain"])
@@ -211,12 +228,12 @@ def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_bloc
 def test_the_search_path_plugin_acts_on_verls_config_directory_only(main, ours_added):
     from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
 
-    from verl_async_rm.integration.hydra_legacy import LegacyRewardSearchPath
+    from verl_async_rm.integration.stock_entry import VerlConfigSearchPath
 
     search_path = ConfigSearchPathImpl()
     search_path.append("hydra", "pkg://hydra.conf")
     search_path.append("main", main)
-    LegacyRewardSearchPath().manipulate_search_path(search_path)
+    VerlConfigSearchPath().manipulate_search_path(search_path)
     entries = [(e.provider, e.path) for e in search_path.get_path()]
     if ours_added:  # just before verl's directory: it shadows verl's legacy_reward_impl and nothing else
         assert entries == [("hydra", "pkg://hydra.conf"), ("verl-async-rm", "verl-async-rm-legacy://verl"), ("main", main)]

@@ -28,7 +28,7 @@ def prepare(config: DictConfig) -> DictConfig:
     migrate_legacy_reward_config(config)  # the whole legacy block, whichever manager it names
     strategy = strategy_from_mapping(config)
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
-        check_spec(settings_from_verl_config(config).reward)  # bad settings or reward: fail now, not in a worker
+        check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
     if strategy.enabled and config.trainer.get("use_v1", True):
         if strategy.off_policy_steps > 1:
             raise ValueError(

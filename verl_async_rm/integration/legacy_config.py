@@ -10,7 +10,7 @@
 
 verl 0.9.1's stock ``main_ppo`` never calls its migration: the legacy keys compose and are silently
 ignored. This module is pure (a DictConfig in, the same DictConfig changed); the hydra hook that
-applies it to the stock entry point is ``hydra_legacy``; ``main_ppo`` applies it to ours.
+applies it to the stock entry point is ``stock_entry``; ``main_ppo`` applies it to ours.
 """
 
 from __future__ import annotations

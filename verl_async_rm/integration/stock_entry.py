@@ -1,19 +1,22 @@
-"""The legacy reward spellings on verl's STOCK entry point, through hydra's plugin extension points.
+"""What this package does at the start of verl's STOCK entry point, through hydra's plugin extension
+points: the legacy reward spellings, and the start-time check of the ``async_agent`` settings and reward.
 
 verl 0.9.1's ``python -m verl.trainer.main_ppo`` composes the legacy keys (``reward_model.reward_manager``,
 ``custom_reward_function.*``; its ``legacy_reward_impl.yaml``) and then ignores them: the legacy
 selector ``reward_model.reward_manager=async_agent`` silently ran verl's ``naive`` manager. verl
 offers no hook between composing the config and using it, but hydra does:
 
-1. ``LegacyRewardSearchPath`` (a hydra ``SearchPathPlugin``, found through the ``hydra_plugins``
-   namespace package) puts ``LegacyRewardConfigSource`` right before verl's own config directory,
+1. ``VerlConfigSearchPath`` (a hydra ``SearchPathPlugin``, found through the ``hydra_plugins``
+   namespace package) puts ``VerlLegacyConfigSource`` right before verl's own config directory,
    only for apps whose main config directory IS verl's (verl's entry points), not for other hydra apps;
-2. ``LegacyRewardConfigSource`` serves one config, ``legacy_reward_impl``: verl's own file, read from
+2. ``VerlLegacyConfigSource`` serves one config, ``legacy_reward_impl``: verl's own file, read from
    the installed verl at composition time (so it can never go stale), plus one hydra callback;
-3. ``LegacyRewardCallback.on_run_start`` receives the composed config before hydra copies it for
+3. ``AsyncAgentStartCallback.on_run_start`` receives the composed config before hydra copies it for
    the task function: when the run selects ``async_agent`` (either selector), it moves the legacy
-   block to ``reward.*`` (``legacy_config``) and says so on stderr. A run that does not select
-   ``async_agent`` is left exactly as verl composed it. ``on_job_start`` re-checks: in a case the
+   block to ``reward.*`` (``legacy_config``) and says so on stderr, then checks the agent settings
+   and builds the reward once (``loader.check_spec``), so a bad setting or reward stops the run
+   here, not at the first reward inside a Ray actor. A run that does not select ``async_agent`` is
+   left exactly as verl composed it. ``on_job_start`` re-checks: in a case the
    migration could not reach (hydra's multirun composes each job anew), the run stops at start with
    the exact ``reward.*`` spelling to use, instead of silently running another manager.
 
@@ -37,8 +40,8 @@ VERL_CONFIG_PACKAGE = "verl.trainer.config"
 LEGACY_CONFIG = "legacy_reward_impl"
 SCHEME = "verl-async-rm-legacy"
 PROVIDER = "verl-async-rm"
-CALLBACK_KEY = "verl_async_rm_legacy_reward"
-CALLBACK_TARGET = f"{__name__}.LegacyRewardCallback"
+CALLBACK_KEY = "verl_async_rm"
+CALLBACK_TARGET = f"{__name__}.AsyncAgentStartCallback"
 
 
 def _is_verl_config_dir(path: str) -> bool:
@@ -58,7 +61,7 @@ def _is_verl_config_dir(path: str) -> bool:
     return any(os.path.abspath(folder) == os.path.join(os.path.abspath(loc), "trainer", "config") for loc in locations)
 
 
-class LegacyRewardSearchPath(SearchPathPlugin):
+class VerlConfigSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         for element in list(search_path.get_path()):
             if _is_verl_config_dir(element.path):
@@ -73,7 +76,7 @@ def _query(element: Any):
     return SearchPathQuery(provider=element.provider, path=element.path)
 
 
-class LegacyRewardConfigSource(ConfigSource):
+class VerlLegacyConfigSource(ConfigSource):
     """Serves ``legacy_reward_impl``: verl's own file plus the callback; nothing else."""
 
     @staticmethod
@@ -112,7 +115,7 @@ class LegacyRewardConfigSource(ConfigSource):
         return []
 
 
-class LegacyRewardCallback(Callback):
+class AsyncAgentStartCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config, selects_async_agent
 
@@ -124,6 +127,13 @@ class LegacyRewardCallback(Callback):
             sys.exit(f"[verl_async_rm] could not move the legacy reward config to reward.*: {type(exc).__name__}: {exc}")
         if moved:
             print(f"[verl_async_rm] legacy reward config moved: {', '.join(moved)}", file=sys.stderr, flush=True)
+        from verl_async_rm.integration.settings import settings_from_verl_config
+        from verl_async_rm.loader import check_spec
+
+        try:
+            check_spec(settings_from_verl_config(config).reward, construct=True)
+        except Exception as exc:  # noqa: BLE001 - as above: stop before any worker starts
+            sys.exit(f"[verl_async_rm] async_agent cannot start: {type(exc).__name__}: {exc}")
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from verl_async_rm.integration.legacy_config import (
