@@ -8,6 +8,8 @@ import random
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from verl_async_rm.user_rewards.gsm8k import compute_score, compute_score_async, extract_answer
 
@@ -40,11 +42,44 @@ def test_reference_solutions_score_one_and_perturbed_score_zero(gsm8k_path):
         ("Q: ...\nA: 7", 7),
         ("She pays 3 + 4 = 7 dollars. She has 12 dollars left.", 12),
         ("The answer is -2.5 degrees", -2.5),
+        ("The answer is: $-10", -10),
         ("I do not know", None),
+        # the last statement wins, whatever its kind
+        ("I think the answer is 7.\nWait, 3 * 6 = 18.\nA: 18", 18),
+        ("#### 5\nOn reflection the answer is 6", 6),
+        ("\\boxed{4} ... recomputing ... #### 9", 9),
+        ("A: 2\nso the final result is \\boxed{3}", 3),
+        ("The answer is 12. Check: 12 + 0 = 12, 5 apples.", 12),  # trailing numbers are not statements
     ],
 )
 def test_formats_models_write(text, value):
     assert extract_answer(text) == value
+
+
+FINAL_LINES = ["#### {}", "The answer is {}.", "The answer is: ${}", "A: {}", "Therefore \\boxed{{{}}}."]
+
+
+def test_rewritten_final_lines_after_an_earlier_different_answer(gsm8k_path):
+    """Every reference solution, its final line rewritten in each form a model writes, after an
+    earlier answer statement of every other form: the final line decides, and it scores 1."""
+    rows = load(gsm8k_path)
+    for number, (solution, truth) in enumerate(rows):
+        body = solution.rsplit("####", 1)[0].rstrip()
+        early_kind, final_kind = FINAL_LINES[number % 5], FINAL_LINES[(number // 5) % 5]
+        if early_kind == final_kind:
+            final_kind = FINAL_LINES[(number + 1) % 5]
+        wrong = str(int(float(truth.replace(",", ""))) + 7)
+        text = f"{early_kind.format(wrong)}\n{body}\n{final_kind.format(truth)}"
+        assert compute_score("gsm8k", text, truth) == 1.0, text
+
+
+@given(
+    answers=st.lists(st.tuples(st.sampled_from(FINAL_LINES), st.integers(-10**6, 10**6)), min_size=1, max_size=5),
+    filler=st.sampled_from(["", "Let me check.", "So we have 3 cats and 4 dogs."]),
+)
+def test_the_last_statement_wins_property(answers, filler):
+    text = f"\n{filler}\n".join(kind.format(value) for kind, value in answers)
+    assert extract_answer(text) == answers[-1][1]
 
 
 def test_ground_truth_forms_and_comparison():
