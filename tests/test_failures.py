@@ -222,7 +222,8 @@ def test_judge_group_hook_replaces_unusable_scores_by_the_group_mean():
     assert hook(None, [-1.0, float("nan")]) == [0.0, 0.0]
 
 
-def test_judge_needs_its_settings():
-    with pytest.raises(ValueError, match="api_key and model"):
+def test_judge_needs_its_settings(monkeypatch):
+    monkeypatch.delenv("JUDGE_MODEL", raising=False)
+    with pytest.raises(ValueError, match="needs a model"):
         JudgeReward(base_url="http://127.0.0.1:9/v1")
     assert issubclass(openai.RateLimitError, openai.APIStatusError)

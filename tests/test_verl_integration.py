@@ -78,7 +78,6 @@ def gsm8k_samples(path, problems=6):
     return responses, truths, uids
 
 
-@pytest.mark.quick
 def test_registered_in_both_registries_by_the_entry_point_alone():
     code = (
         "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls as new\n"
@@ -284,7 +283,6 @@ def test_strategies_off_hand_verl_its_own_config(tokenizer_dir):
     assert ours == stock
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("first", ["verl_async_rm.strategies.v1", "verl.trainer.ppo.v1"])
 def test_v1_mode_registered_whichever_module_is_imported_first(first):
     code = f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nprint(get_trainer_cls('async_reward').__name__)"

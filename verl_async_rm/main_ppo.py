@@ -22,6 +22,7 @@ from verl_async_rm.strategies.plan import strategy_from_mapping
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
 V1_MODE = "async_reward"  # verl_async_rm.strategies.v1, registered by the plugin
 CONFIG_NAME = "async_ppo_trainer"  # verl_async_rm/hydra_conf/: verl's ppo_trainer plus our settings
+SETTINGS_CONFIG = "async_reward_settings"  # our keys alone, shared by async_ppo_trainer and async_ppo_megatron_trainer
 
 
 def prepare(config: DictConfig) -> DictConfig:
@@ -72,12 +73,12 @@ def main(config: DictConfig) -> None:
 
 @functools.cache
 def declared_keys() -> frozenset[str]:
-    """Dotted keys our config declares on top of verl's (settings and strategy flags)."""
+    """Dotted leaf keys our configs declare on top of verl's (settings and strategy flags)."""
     from importlib.resources import files
 
     from omegaconf import OmegaConf
 
-    ours = OmegaConf.create(files("verl_async_rm.hydra_conf").joinpath(f"{CONFIG_NAME}.yaml").read_text())
+    ours = OmegaConf.create(files("verl_async_rm.hydra_conf").joinpath(f"{SETTINGS_CONFIG}.yaml").read_text())
     keys: set[str] = set()
 
     def walk(node, prefix: str) -> None:
@@ -85,9 +86,10 @@ def declared_keys() -> frozenset[str]:
             if key in ("hydra", "defaults"):
                 continue
             dotted = f"{prefix}{key}"
-            keys.add(dotted)
             if isinstance(value, DictConfig):
                 walk(value, f"{dotted}.")
+            else:
+                keys.add(dotted)
 
     walk(ours, "")
     return frozenset(keys)
