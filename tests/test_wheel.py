@@ -43,7 +43,9 @@ def wheel(tmp_path_factory) -> Path:
 def venv(wheel, tmp_path_factory) -> Path:
     """A fresh venv with the wheel and its dependencies, pinned to this environment's versions."""
     root = tmp_path_factory.mktemp("venv")
-    pins = sh(sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude-editable").stdout
+    # the README's recipe for an existing verl environment: pin everything installed, install against it
+    # (this environment's own editable verl-async-rm is what the wheel replaces, so it is left out)
+    pins = sh(sys.executable, "-m", "pip", "list", "--format=freeze").stdout
     constraints = root / "constraints.txt"
     constraints.write_text("\n".join(line for line in pins.splitlines() if not line.lower().startswith("verl-async-rm")))
     sh(sys.executable, "-m", "venv", root / "env")
