@@ -126,6 +126,7 @@ CASES = {
     "string": ["reward_model.reward_manager=async_agent", *LEGACY_REWARD],
     "plus_name": ["+reward_model.reward_manager.name=async_agent", *LEGACY_REWARD],
     "current_selector_legacy_reward": ["reward.reward_manager.name=async_agent", *LEGACY_REWARD],
+    "megatron_config": ["--config-name=ppo_megatron_trainer", "reward_model.reward_manager=async_agent", *LEGACY_REWARD],
     "name_without_plus": ["reward_model.reward_manager.name=async_agent"],
     "multirun": ["-m", "reward_model.reward_manager=async_agent", f"custom_reward_function.path={EXAMPLES}",
                  "hydra.sweep.dir=."],
@@ -147,7 +148,7 @@ def stock_runs(tmp_path_factory):
     return dict(zip(names, with_us)), dict(zip(names, without_us))
 
 
-@pytest.mark.parametrize("case", ["string", "plus_name", "current_selector_legacy_reward"])
+@pytest.mark.parametrize("case", ["string", "plus_name", "current_selector_legacy_reward", "megatron_config"])
 def test_stock_main_ppo_runs_async_agent_with_the_legacy_reward(case, stock_runs):
     ours, stock = stock_runs
     run = ours[case]
@@ -239,3 +240,17 @@ def test_the_search_path_plugin_acts_on_verls_config_directory_only(main, ours_a
         assert entries == [("hydra", "pkg://hydra.conf"), ("verl-async-rm", "verl-async-rm-legacy://verl"), ("main", main)]
     else:
         assert entries == [("hydra", "pkg://hydra.conf"), ("main", main)]
+
+
+@pytest.mark.quick
+def test_the_search_path_plugin_stays_out_on_an_unsupported_verl(monkeypatch):
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+
+    from verl_async_rm import verl_compat
+    from verl_async_rm.integration.stock_entry import VerlConfigSearchPath
+
+    monkeypatch.setattr(verl_compat, "SUPPORTED_VERL", ("0.10", "0.11"))
+    search_path = ConfigSearchPathImpl()
+    search_path.append("main", "pkg://verl.trainer/config")
+    VerlConfigSearchPath().manipulate_search_path(search_path)
+    assert [(e.provider, e.path) for e in search_path.get_path()] == [("main", "pkg://verl.trainer/config")]

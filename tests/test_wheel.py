@@ -50,7 +50,7 @@ def venv(wheel, tmp_path_factory) -> Path:
     constraints.write_text("\n".join(line for line in pins.splitlines() if not line.lower().startswith("verl-async-rm")))
     sh(sys.executable, "-m", "venv", root / "env")
     python = root / "env" / "bin" / "python"
-    sh(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheel}[demo]", "-c", constraints)
+    sh(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", f"{wheel}[demo]", "-c", constraints)
     return root / "env" / "bin"
 
 

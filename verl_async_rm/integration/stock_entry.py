@@ -8,7 +8,8 @@ offers no hook between composing the config and using it, but hydra does:
 
 1. ``VerlConfigSearchPath`` (a hydra ``SearchPathPlugin``, found through the ``hydra_plugins``
    namespace package) puts ``VerlLegacyConfigSource`` right before verl's own config directory,
-   only for apps whose main config directory IS verl's (verl's entry points), not for other hydra apps;
+   only for apps whose main config directory IS verl's (verl's entry points), not for other hydra apps,
+   and only on a supported verl;
 2. ``VerlLegacyConfigSource`` serves one config, ``legacy_reward_impl``: verl's own file, read from
    the installed verl at composition time (so it can never go stale), plus one hydra callback;
 3. ``AsyncAgentStartCallback.on_run_start`` receives the composed config before hydra copies it for
@@ -61,8 +62,22 @@ def _is_verl_config_dir(path: str) -> bool:
     return any(os.path.abspath(folder) == os.path.join(os.path.abspath(loc), "trainer", "config") for loc in locations)
 
 
+def _supported_verl() -> bool:
+    """On a verl this package does not support it stays out of verl's way entirely (the verl plugin
+    has already warned); read from the installed metadata, without importing verl."""
+    from verl_async_rm.verl_compat import VerlVersionError, check_installed_version
+
+    try:
+        check_installed_version()
+    except VerlVersionError:
+        return False
+    return True
+
+
 class VerlConfigSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        if not _supported_verl():
+            return
         for element in list(search_path.get_path()):
             if _is_verl_config_dir(element.path):
                 # anchored: just before verl's directory, after anything the user put in front of it
