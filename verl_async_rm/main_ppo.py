@@ -83,8 +83,6 @@ def declared_keys() -> frozenset[str]:
 
     def walk(node, prefix: str) -> None:
         for key, value in node.items():
-            if key in ("hydra", "defaults"):
-                continue
             dotted = f"{prefix}{key}"
             if isinstance(value, DictConfig):
                 walk(value, f"{dotted}.")
