@@ -61,14 +61,12 @@ def ours_config(*overrides):
         return compose(CONFIG_NAME, overrides=accept_recipe_spellings(list(overrides)))
 
 
-@pytest.mark.quick
-@pytest.mark.parametrize(
-    "selector", ["reward_model.reward_manager=async_agent", "+reward_model.reward_manager.name=async_agent"]
-)
-def test_the_whole_legacy_block_moves_as_verls_own_migration_moves_it(selector):
-    """Same result as verl's ``migrate_legacy_reward_impl`` on the ``reward`` node, for both spellings."""
-    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+SELECTORS = ["reward_model.reward_manager=async_agent", "+reward_model.reward_manager.name=async_agent"]
 
+
+@pytest.mark.quick
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_the_whole_legacy_block_moves_to_reward(selector):
     config = stock_config(selector, *LEGACY_BLOCK)
     assert legacy_selector(config) == "async_agent" and selects_async_agent(config)
     moved = migrate_legacy_reward_config(config)
@@ -83,13 +81,20 @@ def test_the_whole_legacy_block_moves_as_verls_own_migration_moves_it(selector):
     assert config.reward_model.reward_manager is None and config.custom_reward_function.path is None
     assert legacy_selector(config) is None and migrate_legacy_reward_config(config) == []  # idempotent
 
-    # verl's own migration sets the same values; it replaces custom_reward_function and sandbox_fusion
-    # wholesale (dropping their other defaults to None), where ours merges key by key
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_the_migration_sets_what_verls_own_migration_sets(selector):
+    """verl's ``migrate_legacy_reward_impl`` sets the same values; it replaces custom_reward_function
+    and sandbox_fusion wholesale (dropping their other defaults to None), where ours merges key by key."""
+    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+    ours = stock_config(selector, *LEGACY_BLOCK)
+    migrate_legacy_reward_config(ours)
     verl_side = stock_config("reward_model.reward_manager=async_agent", *LEGACY_BLOCK)
     migrate_legacy_reward_impl(verl_side)
     verl_values = {k: v for k, v in leaves(OmegaConf.to_container(verl_side.reward)).items() if v is not None}
-    ours = leaves(reward)
-    assert {k: ours.get(k) for k in verl_values} == verl_values
+    our_values = leaves(OmegaConf.to_container(ours.reward))
+    assert {k: our_values.get(k) for k in verl_values} == verl_values
 
 
 @pytest.mark.quick
