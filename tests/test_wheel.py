@@ -33,8 +33,13 @@ def sh(*cmd, cwd=None, timeout=900, env=None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # built from a clean copy: setuptools' build/ folder in a working tree keeps files since removed
+    source = tmp_path_factory.mktemp("source") / "verl-async-rm"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "outputs", "checkpoints", "__pycache__", ".pytest_cache",
+        ".hypothesis"))
     dist = tmp_path_factory.mktemp("dist")
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, ROOT)
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, source)
     (built,) = dist.glob("verl_async_rm-*.whl")
     return built
 
