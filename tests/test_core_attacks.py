@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import REWARDS
 from tests.harness import agents, bounded, close_quietly, unformatted_logs  # noqa: F401 - fixtures
-from user_rewards.llm_judge import JudgeReward
+from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RewardAgent, RewardError
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.loader import RewardSpec, load_reward

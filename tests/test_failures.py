@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from user_rewards.llm_judge import JudgeReward
+from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RetryableError, RewardAgent, RewardError
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
 
@@ -207,14 +207,14 @@ def test_cache_is_off_by_default():
 def test_judge_class_and_function_against_the_server(monkeypatch):
     with JudgeServer(JudgeServerConfig(latency=(0.0, 0.02))) as server:
         batch = [{"solution_str": f"#### {v}", "ground_truth": "7", "uid": 0} for v in (7, 8, 7, 9)]
-        with RewardAgent.from_file("user_rewards/llm_judge.py", "JudgeReward",
+        with RewardAgent.from_file("verl_async_rm/user_rewards/llm_judge.py", "JudgeReward",
                                    reward_kwargs={"base_url": server.base_url, "api_key": "k", "model": "m"}) as agent:
             chunk = agent.get_all(agent.submit(batch, 4), timeout=10)
         assert chunk.scores == [1.0, 0.0, 1.0, 0.0] and chunk.extra_info["judge_reply"] == ["1", "0", "1", "0"]
         monkeypatch.setenv("JUDGE_BASE_URL", server.base_url)
         monkeypatch.setenv("JUDGE_API_KEY", "k")
         monkeypatch.setenv("JUDGE_MODEL", "m")
-        with RewardAgent.from_file("user_rewards/llm_judge.py", "compute_score") as agent:
+        with RewardAgent.from_file("verl_async_rm/user_rewards/llm_judge.py", "compute_score") as agent:
             chunk = agent.get_all(agent.submit(batch, 4), timeout=10)
         assert chunk.scores == [1.0, 0.0, 1.0, 0.0]
         assert server.stats().outcomes["ok"] == 8
@@ -237,7 +237,8 @@ def test_judge_group_hook_replaces_unusable_scores_by_the_group_mean():
     assert hook(None, [-1.0, float("nan")]) == [0.0, 0.0]
 
 
-def test_judge_needs_its_settings():
-    with pytest.raises(ValueError, match="api_key and model"):
+def test_judge_needs_its_settings(monkeypatch):
+    monkeypatch.delenv("JUDGE_MODEL", raising=False)
+    with pytest.raises(ValueError, match="needs a model"):
         JudgeReward(base_url="http://127.0.0.1:9/v1")
     assert issubclass(openai.RateLimitError, openai.APIStatusError)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.harness import bounded, close_quietly, unformatted_logs  # noqa: F401 - autouse fixture
-from user_rewards.llm_judge import JudgeReward
+from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RewardAgent
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
 

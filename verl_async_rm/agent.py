@@ -153,7 +153,7 @@ class _HandOver:
 class RewardAgent:
     """Score whole batches concurrently with a per-response reward; hand back finished GRPO groups.
 
-    >>> with RewardAgent.from_file("user_rewards/gsm8k.py", "compute_score") as agent:
+    >>> with RewardAgent.from_file("verl_async_rm/user_rewards/gsm8k.py", "compute_score") as agent:
     ...     ticket = agent.submit(items, group_size=8)      # returns at once
     ...     chunk = agent.get(ticket, 64)                   # 8 whole groups, as soon as they are done
     """
