@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
 
-pytestmark = pytest.mark.quick
 
 
 def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed=0, round_up=False, storm=None,
@@ -87,6 +86,7 @@ def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed
     }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("round_up", [False, True], ids=["exact Retry-After", "whole seconds"])
 @pytest.mark.parametrize("seed", range(4))
 def test_a_token_bucket_is_learned_few_rejections_and_near_full_goodput(seed, round_up):
@@ -97,11 +97,7 @@ def test_a_token_bucket_is_learned_few_rejections_and_near_full_goodput(seed, ro
     assert result["rejected_after_first_429"] < 0.10
 
 
-@pytest.mark.parametrize("refill, capacity, latency", [
-    (0.5, 5, (0.1, 0.3)), (20.0, 20, (1.0, 5.0)),
-    pytest.param(100.0, 100, (0.5, 1.5), marks=pytest.mark.slow),  # 18,000 simulated requests: ~6 s
-], ids=["0.5/s", "20/s, 1-5 s latency", "100/s, 1 s latency"])
-def test_other_regimes_stay_useful(refill, capacity, latency):
+def check_regime(refill, capacity, latency):
     """Slower, faster and high-latency services over 3 minutes: never the collapse of a naive client
     (~50% rejected at a token bucket). While the rate is learned, high rate x latency costs goodput."""
     result = simulate(n=int(refill * 180) + capacity, capacity=capacity, refill=refill, latency=latency)
@@ -109,6 +105,20 @@ def test_other_regimes_stay_useful(refill, capacity, latency):
     assert result["goodput"] >= 0.6
 
 
+@pytest.mark.parametrize("refill, capacity, latency", [(0.5, 5, (0.1, 0.3)), (20.0, 20, (1.0, 5.0))],
+                         ids=["0.5/s", "20/s, 1-5 s latency"])
+@pytest.mark.quick
+def test_other_regimes_stay_useful(refill, capacity, latency):
+    check_regime(refill, capacity, latency)
+
+
+@pytest.mark.slow
+def test_a_fast_high_latency_service_stays_useful():
+    """100/s with 0.5-1.5 s latency: 18,000 simulated requests (~6 s of CPU, hence not quick)."""
+    check_regime(100.0, 100, (0.5, 1.5))
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("retry_after, cap, latency", [(1.0, 64, (0.05, 0.2)), (5.0, 256, (0.05, 0.2))])
 def test_a_429_storm_gets_one_probe_per_retry_after_and_full_cap_soon_after(retry_after, cap, latency):
     result = simulate(n=100_000, cap=cap, refill=None, storm=(2.0, 20.0, retry_after), latency=latency)
@@ -118,6 +128,7 @@ def test_a_429_storm_gets_one_probe_per_retry_after_and_full_cap_soon_after(retr
     assert result["full_cap_after"] is not None and result["full_cap_after"] < 5.0
 
 
+@pytest.mark.quick
 @given(st.floats(0, 1e6), st.floats(0.01, 60))
 def test_a_pause_is_bounded_by_max_pause_whatever_retry_after_says(retry_after, max_pause):
     flow = FlowControl(FlowSettings(cap=8, max_pause=max_pause, default_pause=0.5))
@@ -127,6 +138,7 @@ def test_a_pause_is_bounded_by_max_pause_whatever_retry_after_says(retry_after, 
     assert flow.send_delay(100.0 + max_pause) == 0.0  # the probe
 
 
+@pytest.mark.quick
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["send", "ok", "429", "429-old", "wait"]), st.floats(0, 3)), max_size=200))
 def test_bookkeeping_invariants_under_any_event_order(events):
@@ -149,6 +161,7 @@ def test_bookkeeping_invariants_under_any_event_order(events):
         assert delay is None or 0.0 <= delay <= max(5.0, 1.0 / rate if rate else 0.0) + 1e-9
 
 
+@pytest.mark.quick
 def test_disabled_flow_control_never_pauses():
     flow = FlowControl(FlowSettings(cap=8, max_pause=30.0, default_pause=0.5, enabled=False))
     epoch = flow.on_send(0.0)
@@ -156,6 +169,7 @@ def test_disabled_flow_control_never_pauses():
     assert flow.send_delay(0.0) == 0.0 and flow.throttles == 1
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("share, at_least", [(0.01, 0.08), (0.10, 0.015)])
 def test_throttles_that_are_not_a_limit_do_not_spiral_the_pace_down(share, at_least):
     """429s now and then (1% or 10%, Retry-After 50 ms) from a service with no rate limit. A client

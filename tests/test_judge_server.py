@@ -256,7 +256,6 @@ def test_malformed_replies(kind):
     assert classify(result) == "malformed"
 
 
-@pytest.mark.quick
 def test_hang_times_out_client_and_handler_is_released():
     async def go(server):
         async with client_for(server, timeout=0.3) as c:
@@ -360,7 +359,6 @@ def test_same_seed_same_fault_sequence():
     assert runs[0] == runs[1] and len(set(runs[0])) >= 3
 
 
-@pytest.mark.quick
 def test_peak_concurrency_equals_concurrent_requests():
     n = 24
 
@@ -375,7 +373,6 @@ def test_peak_concurrency_equals_concurrent_requests():
     assert stats.peak_in_flight == n and stats.in_flight == 0
 
 
-@pytest.mark.quick
 def test_sliding_window_and_stats_endpoints():
     async def burst(c, k):
         await asyncio.gather(*(ask(c) for _ in range(k)))
@@ -402,7 +399,6 @@ def test_sliding_window_and_stats_endpoints():
         assert server.stats().max_requests_in_window(1.0) == 0
 
 
-@pytest.mark.quick
 def test_rpm_limit_rejects_excess_with_retry_after():
     async def go(server):
         async with client_for(server) as c:
@@ -604,7 +600,6 @@ async def outcome_of(c: openai.AsyncOpenAI):
         return "429", e.response.headers.get("retry-after")
 
 
-@pytest.mark.quick
 def test_token_bucket_server_rejects_with_exact_retry_after_and_admits_after_it():
     async def go(server):
         async with client_for(server) as c:
@@ -642,7 +637,6 @@ def test_whole_second_retry_after_option():
     assert seen[0] == ("ok", None) and seen[1] == ("429", "1") and seen[2] == ("429", "1")  # 0.25 s rounded up
 
 
-@pytest.mark.quick
 def test_storm_refuses_everything_inside_its_window_only():
     async def go(server):
         async with client_for(server) as c:
@@ -665,7 +659,6 @@ def test_storm_refuses_everything_inside_its_window_only():
     assert stats.accepted == 2 and stats.rejected == 5
 
 
-@pytest.mark.quick
 def test_configured_storm_and_storm_endpoint():
     cfg = JudgeServerConfig(storm_start_s=0.0, storm_duration_s=0.3, storm_retry_after_s=7)
     with JudgeServer(cfg) as server:
@@ -702,7 +695,6 @@ def test_large_error_body_on_injected_500s():
     assert err.body["message"].startswith("Injected internal error") and len(str(err)) > size - 200
 
 
-@pytest.mark.quick
 def test_records_give_concurrency_over_time():
     async def go(server):
         async with client_for(server) as c:
