@@ -249,3 +249,40 @@ def test_cancel_stops_a_tickets_calls_and_fails_its_gets():
         assert state == {"started": 8, "cancelled": 8}
         # the agent goes on serving other tickets
         assert sorted(agent.get_all(agent.submit(batch[:4], group_size=4)).indices) == [0, 1, 2, 3]
+
+
+def test_a_get_interrupted_at_the_moment_of_hand_over_loses_nothing(monkeypatch):
+    """The worst moment, forced every other time: the caller of aget is cancelled right as its groups
+    arrive. They must go back, in order, and the ticket must not retire meanwhile (issue 11 item 1)."""
+    from verl_async_rm import agent as agent_module
+
+    real_deliver = agent_module._HandOver.deliver
+    state = {"calls": 0, "caller": None, "loop": None}
+
+    def deliver_then_interrupt(self, result, error):
+        delivered = real_deliver(self, result, error)
+        state["calls"] += 1
+        if delivered and result and state["calls"] % 2:
+            state["loop"].call_soon_threadsafe(state["caller"].cancel)  # before the caller can run
+        return delivered
+
+    monkeypatch.setattr(agent_module._HandOver, "deliver", deliver_then_interrupt)
+    with RewardAgent.from_file(EXAMPLES, "async_plain", {"max_concurrency": 8}) as agent:
+        ticket = agent.submit(items(64, 4), 4)
+
+        async def drain():
+            state["loop"] = asyncio.get_running_loop()
+            seen, interrupted = [], 0
+            while True:
+                state["caller"] = asyncio.ensure_future(agent.aget(ticket, 8))
+                try:
+                    chunk = await state["caller"]
+                except asyncio.CancelledError:
+                    interrupted += 1
+                    continue
+                if not len(chunk):
+                    return seen, interrupted
+                seen += chunk.indices
+
+        seen, interrupted = asyncio.run(asyncio.wait_for(drain(), 30))
+    assert interrupted >= 4 and sorted(seen) == list(range(64))

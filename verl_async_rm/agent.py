@@ -200,7 +200,7 @@ class RewardAgent:
         except BaseException:  # interrupted (KeyboardInterrupt): nothing may be lost
             self._give_up(ticket, hand_over)
             raise
-        return self._result(hand_over)
+        return self._received(ticket, hand_over)
 
     def get_all(self, ticket: str, timeout: float | None = None) -> ScoredChunk:
         return self.get(ticket, None, timeout)
@@ -220,7 +220,7 @@ class RewardAgent:
         except BaseException:  # cancelled: nothing may be lost
             self._give_up(ticket, hand_over)
             raise
-        return self._result(hand_over)
+        return self._received(ticket, hand_over)
 
     async def ascore_in_group(
         self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1, group_wait: float | None = None,
@@ -299,15 +299,14 @@ class RewardAgent:
                 return
             task = hand_over.task = self._loop.create_task(self._engine.take(ticket, n, timeout, confirm=True))
 
-            def done(task: asyncio.Task) -> None:  # on the engine's loop: confirm or put back, atomically
+            def done(task: asyncio.Task) -> None:  # on the engine's loop
                 if task.cancelled():
                     hand_over.deliver(None, AgentClosed("the reward agent was closed"))
                 elif task.exception() is not None:
                     hand_over.deliver(None, task.exception())
-                elif hand_over.deliver(task.result(), None):
-                    self._engine.confirm_taken(ticket)
-                else:
-                    self._engine.put_back(ticket, task.result())
+                elif not hand_over.deliver(task.result(), None):
+                    self._engine.put_back(ticket, task.result())  # the caller had left already
+                # else: the caller confirms once it holds them (_received), or puts them back
 
             task.add_done_callback(done)
 
@@ -324,10 +323,14 @@ class RewardAgent:
         except RuntimeError:  # the loop is closed: nobody can take them any more
             pass
 
-    @staticmethod
-    def _result(hand_over: _HandOver) -> ScoredChunk:
+    def _received(self, ticket: str, hand_over: _HandOver) -> ScoredChunk:
+        """The caller holds the engine's answer: confirm the hand-over (the ticket may retire)."""
         if hand_over.error is not None:
             raise hand_over.error
+        try:
+            self._loop.call_soon_threadsafe(self._engine.confirm_taken, ticket)
+        except RuntimeError:  # the loop is closed: nothing to confirm to
+            pass
         return assemble_chunk(hand_over.result)
 
     def _check_caller(self) -> None:

@@ -57,31 +57,43 @@ Deliver = Callable[[GroupResult | BaseException], None]
 class TicketRun:
     """The live state of one submitted batch."""
 
-    def __init__(self, ticket: str, ledger: TicketLedger, samples: dict[int, Sample], submitted_at: float, budget: TicketBudget):
+    def __init__(self, ticket: str, label: str, ledger: TicketLedger, submitted_at: float, budget: TicketBudget):
         self.ticket = ticket
+        self.label = label  # the reward's, for error messages
         self.ledger = ledger
-        self.samples = samples
+        self.samples: dict[int, Sample] = {}
         self.submitted_at = submitted_at
         self.budget = budget
         self.waiters: deque[tuple[int | None, asyncio.Future]] = deque()
+        self.in_hand = 0  # takes by callers elsewhere, handed over but not yet confirmed or put back
         self.hooks: set[asyncio.Task] = set()
         self.settled_at: dict[int, float] = {}  # settled samples whose group is not ready yet
         self.error: BaseException | None = None
         self.deadline: asyncio.TimerHandle | None = None
 
+    def describe(self, item: RewardItem) -> str:
+        uid = "" if item.uid is None else f", uid {item.uid!r}"
+        return f"{self.label} on sample {item.index} (ticket {self.ticket}{uid})"
+
 
 class StreamMember:
     """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
 
-    __slots__ = ("group", "position", "answer", "arrived_at", "deadline", "sample")
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample")
 
-    def __init__(self, group: Group, position: int, answer: Callable[[object], None], arrived_at: float):
+    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float):
+        self.label = label  # the reward's, for error messages
         self.group = group
         self.position = position
         self.answer = answer  # answer((score, extra)) or answer(exception)
         self.arrived_at = arrived_at
         self.deadline: asyncio.TimerHandle | None = None
         self.sample: Sample | None = None
+
+    def describe(self, item: RewardItem) -> str:
+        kind, uid = self.group.key
+        of = f"group {uid!r}" if kind == "uid" else "a sample without uid"
+        return f"{self.label} on a sample of {of}"
 
 
 class ScoringEngine:
@@ -140,22 +152,15 @@ class ScoringEngine:
         ledger = TicketLedger([(item.index, item.uid) for item in items], group_size)
         ticket = f"{self.id}-{next(self._ticket_numbers)}"
         now = self.loop.time()
-        run = TicketRun(ticket, ledger, {}, now, TicketBudget(len(items), self.config.max_failure_rate))
+        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(len(items), self.config.max_failure_rate))
         for item in items:
-            run.samples[item.index] = Sample(item, run, self._namer(run, item))
+            run.samples[item.index] = Sample(item, run)
         self.tickets[ticket] = run
         self.metrics.submitted += len(items)
         if self.config.ticket_deadline is not None and items:
             run.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_ticket, run)
         self.pipeline.enqueue(list(run.samples.values()))
         return ticket
-
-    def _namer(self, run: TicketRun, item: RewardItem) -> Callable[[], str]:
-        def where() -> str:
-            uid = "" if item.uid is None else f", uid {item.uid!r}"
-            return f"{self.reward.label} on sample {item.index} (ticket {run.ticket}{uid})"
-
-        return where
 
     def _run_of(self, ticket: str) -> TicketRun | None:
         run = self.tickets.get(ticket)
@@ -187,8 +192,7 @@ class ScoringEngine:
         if not run.waiters:
             groups = run.ledger.take(n)
             if groups is not None:
-                if not confirm:
-                    self._retire_if_done(run)
+                self._handed_over(run, confirm)
                 return groups
         waiter = self.loop.create_future()
         entry = (n, waiter)
@@ -208,20 +212,28 @@ class ScoringEngine:
             if isinstance(exc, TimeoutError):
                 raise TimeoutError(f"get(ticket={ticket}, n={n}) timed out after {timeout}s; nothing was consumed") from None
             raise
-        if not confirm:
-            self._retire_if_done(run)
+        self._handed_over(run, confirm)
         return groups
+
+    def _handed_over(self, run: TicketRun, confirm: bool) -> None:
+        if confirm:
+            run.in_hand += 1  # until the caller confirms it received them, or puts them back
+        else:
+            self._retire_if_done(run)
 
     def confirm_taken(self, ticket: str) -> None:
         """A caller elsewhere received what ``take(confirm=True)`` handed over."""
         run = self.tickets.get(ticket)
         if run is not None:
+            run.in_hand -= 1
             self._retire_if_done(run)
 
     def put_back(self, ticket: str, groups: list[GroupResult]) -> None:
-        """Groups a caller took but could not receive (its thread was interrupted): back in front."""
+        """What ``take(confirm=True)`` handed over, back in front: its caller left before receiving it
+        (a timeout or cancel at that moment, an interrupt)."""
         run = self.tickets.get(ticket)
-        if run is not None and groups:
+        if run is not None:
+            run.in_hand -= 1
             run.ledger.put_back(groups)
             self._serve(run)
 
@@ -255,9 +267,10 @@ class ScoringEngine:
             waiter.set_result(groups)
 
     def _retire_if_done(self, run: TicketRun) -> None:
-        """Only on a taker's successful return: a ticket must stay findable while a hand-over can
+        """Only once every taker has what it took: a ticket must stay findable while a hand-over can
         still be put back."""
-        if run.ledger.exhausted and run.error is None and not run.waiters and self.tickets.get(run.ticket) is run:
+        if run.ledger.exhausted and run.error is None and not run.waiters and not run.in_hand \
+                and self.tickets.get(run.ticket) is run:
             self._forget(run, None)
 
     def _forget(self, run: TicketRun, error: BaseException | None) -> None:
@@ -328,15 +341,14 @@ class ScoringEngine:
                 "group %r got a member after group_wait (%ss) had closed it short of %d samples: the wait is "
                 "shorter than the spread of its generation times; it continues as a new group", uid, group_wait, group_size,
             )
-        member = StreamMember(group, position, answer, now)
+        member = StreamMember(self.reward.label, group, position, answer, now)
         self.stream_members.setdefault(group, []).append(member)
         wait = self.stream_waits.pop(group, None)
         if wait is not None:
             wait.cancel()
         if not group.closed and group_wait is not None:
             self.stream_waits[group] = self.loop.call_at(now + group_wait, self._close_stream_group, group)
-        uid_text = f"group {uid!r}" if uid is not None else "a sample without uid"
-        sample = member.sample = Sample(item, member, lambda: f"{self.reward.label} on a sample of {uid_text}")
+        sample = member.sample = Sample(item, member)
         self.metrics.submitted += 1
         if self.config.ticket_deadline is not None:
             member.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_member, member)

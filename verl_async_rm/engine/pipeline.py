@@ -1,6 +1,6 @@
 """The request pipeline: one sample's life from admission to outcome, on the agent's event loop.
 
-A sample is plain data while it waits; it has a task only while one of its attempts runs:
+A sample is plain data while it waits; it is an *attempt* only while a call for it runs:
 
     queued --admitted--> running --answered--> done: Scored | Failed   (-> ``on_outcome``)
       ^                     |--throttled (429/503)--> queued again, at the front; no attempt used
@@ -13,11 +13,16 @@ tokens per minute) all allow it; otherwise one timer (or the next freed slot) wa
 40,000 queued samples cost 40,000 small records, not 40,000 parked coroutines, and dropping them
 is O(1) each.
 
-A concurrency slot is held by an *attempt* from its start until the user's call really ends: a
+An attempt is driven by what the executor started: a thread or process call's future reports back
+through its done callback (no task at all), a coroutine runs in one task. Timeouts need no timer
+per attempt: every attempt has the same ``request_timeout``, so deadlines come in start order and
+one FIFO queue with one timer serves them all.
+
+A concurrency slot is held by an attempt from its start until the user's call really ends: a
 thread that keeps running after a timeout keeps its slot (``max_concurrency`` is what the service
 sees), until it returns or is declared hung, ``max(request_timeout, 1 s)`` after the timeout,
-whichever is first. A declared-hung call frees its slot, its thread is replaced, and it is counted; past
-``max_hung_calls`` the engine fails loudly. An async reward that swallows its cancellation is
+whichever is first. A declared-hung call frees its slot, its thread is replaced, and it is counted;
+past ``max_hung_calls`` the engine fails loudly. An async reward that swallows its cancellation is
 caught by the same watchdog: its attempt is finished from outside as a timeout.
 
 Every exit of an attempt, exceptions of every kind included, goes through ``_attempt_ended``:
@@ -46,14 +51,14 @@ NO_TIMEOUT_GRACE = 30.0  # without request_timeout, an abandoned call is declare
 
 
 class Sample:
-    """One request's state. ``owner`` is the engine's (which ticket or stream group it belongs to)."""
+    """One request's state. ``owner`` is the engine's (its ticket or stream member), and names the
+    sample in error messages (``owner.describe(item)``, only called on error)."""
 
-    __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key", "where")
+    __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key")
 
-    def __init__(self, item: RewardItem, owner: Any, where: Callable[[], str]):
+    def __init__(self, item: RewardItem, owner: Any):
         self.item = item
         self.owner = owner
-        self.where = where  # names the sample in error messages; only called on error
         self.state = QUEUED
         self.settled = False  # the engine's flag: its outcome has been recorded
         self.attempts = 0  # attempts that ended in an error (throttles are not counted)
@@ -62,17 +67,20 @@ class Sample:
         self.timer: asyncio.TimerHandle | None = None  # retry wait
         self.cache_key: Any = None
 
+    def where(self) -> str:
+        return self.owner.describe(self.item)
+
 
 class Attempt:
-    __slots__ = ("sample", "epoch", "sent_at", "task", "call", "timer", "timed_out", "finished", "holds_slot", "hung")
+    __slots__ = ("sample", "epoch", "sent_at", "call", "unstarted", "timer", "timed_out", "finished", "holds_slot", "hung")
 
     def __init__(self, sample: Sample, epoch: int, sent_at: float):
         self.sample = sample
         self.epoch = epoch
         self.sent_at = sent_at
-        self.task: asyncio.Task | None = None
-        self.call: Any = None  # what the executor started: a coroutine or a future
-        self.timer: asyncio.TimerHandle | None = None  # the timeout, then the hung-call watchdog
+        self.call: Any = None  # the task running a coroutine, or the future of a thread/process call
+        self.unstarted: Any = None  # the user's coroutine until its task first runs (closed if it never does)
+        self.timer: asyncio.TimerHandle | None = None  # the hung-call watchdog, once given up
         self.timed_out = False
         self.finished = False  # the sample has moved on from this attempt
         self.holds_slot = True
@@ -118,9 +126,12 @@ class RequestPipeline:
         self.in_flight = 0  # attempts holding a slot
         self.peak_in_flight = 0
         self.hung_now = 0  # declared hung and not returned yet
-        self.tasks: set[asyncio.Task] = set()  # running attempts (and stuck ones, until they end)
+        self.tasks: dict[asyncio.Task, Attempt] = {}  # coroutine attempts (stuck ones too, until they end)
+        self._timeouts: deque[tuple[float, Attempt]] = deque()  # (deadline, attempt), in start order
+        self._timeout_timer: asyncio.TimerHandle | None = None
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = float("inf")
+        self._pumping = self._pump_again = False
         self._closed = False
 
     # -- entry -----------------------------------------------------------------------------------
@@ -139,9 +150,10 @@ class RequestPipeline:
         state, sample.state = sample.state, DONE
         if state == RUNNING and sample.attempt is not None:
             attempt = sample.attempt
-            attempt.finished = True
-            self.flow.on_abandoned()
-            self._cancel_attempt(attempt)
+            if not attempt.finished:
+                attempt.finished = True
+                self.flow.on_abandoned()
+            self._give_up(attempt)
         elif state == WAITING and sample.timer is not None:
             sample.timer.cancel()
         if sample.cache_key is not None:
@@ -149,7 +161,22 @@ class RequestPipeline:
 
     # -- admission ---------------------------------------------------------------------------------
     def pump(self) -> None:
-        """Start every queued sample that may start now; arrange to be called again when more may."""
+        """Start every queued sample that may start now; arrange to be called again when more may.
+        Re-entrant calls (a call that fails as it starts frees its slot, which pumps) only ask the
+        running pump for one more round: no recursion, however many fail at once."""
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        try:
+            self._pump_again = True
+            while self._pump_again:
+                self._pump_again = False
+                self._pump_once()
+        finally:
+            self._pumping = False
+
+    def _pump_once(self) -> None:
         queue = self.queue
         if not queue:
             return
@@ -203,14 +230,11 @@ class RequestPipeline:
         self.in_flight += 1
         if self.in_flight > self.peak_in_flight:
             self.peak_in_flight = self.in_flight
-        task = attempt.task = self.loop.create_task(self._run(attempt))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
         if self.timeout is not None:
-            attempt.timer = self.loop.call_at(now + self.timeout, self._on_timeout, attempt)
-
-    async def _run(self, attempt: Attempt) -> None:
-        item = attempt.sample.item
+            self._timeouts.append((now + self.timeout, attempt))
+            if self._timeout_timer is None:
+                self._timeout_timer = self.loop.call_at(now + self.timeout, self._expire_timeouts)
+        item = sample.item
         fields = {
             "data_source": item.data_source,
             "solution_str": item.solution_str,
@@ -218,32 +242,86 @@ class RequestPipeline:
             "extra_info": item.extra_info,
         }
         try:
-            attempt.call = self.calls.start(fields, lambda: self._on_late_end(attempt))
-            value = await attempt.call
-            if inspect.isawaitable(value):  # a sync wrapper that returned a coroutine
+            call = self.calls.start(fields, lambda: self._on_late_end(attempt))
+        except BaseException as exc:  # noqa: BLE001 - e.g. an async reward called with wrong arguments
+            self._attempt_ended(attempt, None, exc)
+            return
+        if isinstance(call, asyncio.Future):  # a thread or process call: its callback drives the attempt
+            attempt.call = call
+            call.add_done_callback(lambda future: self._call_done(attempt, future))
+        else:  # a coroutine: one task
+            attempt.unstarted = call
+            task = attempt.call = self.loop.create_task(self._run(attempt, call))
+            self.tasks[task] = attempt
+            task.add_done_callback(self._task_done)
+
+    def _call_done(self, attempt: Attempt, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
+        elif future.exception() is not None:
+            self._attempt_ended(attempt, None, future.exception())
+        elif inspect.isawaitable(future.result()):  # a sync wrapper that returned a coroutine
+            task = attempt.call = self.loop.create_task(self._run(attempt, future.result()))
+            self.tasks[task] = attempt
+            task.add_done_callback(self._task_done)
+        else:
+            self._attempt_ended(attempt, future.result(), None)
+
+    async def _run(self, attempt: Attempt, awaitable) -> None:
+        attempt.unstarted = None
+        try:
+            value = await awaitable
+            if inspect.isawaitable(value):
                 value = await value
         except asyncio.CancelledError:
             # Not re-raised: the task ends quietly. A timeout becomes the attempt's error; any other
             # cancel came from whoever settled the sample (abandon, close).
-            self._attempt_ended(attempt, None, TimeoutError(f"request_timeout ({self.timeout}s)") if attempt.timed_out else None, cancelled=True)
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
         except BaseException as exc:  # noqa: BLE001 - every failure of the user's call is an outcome
             self._attempt_ended(attempt, None, exc)
         else:
             self._attempt_ended(attempt, value, None)
 
+    def _task_done(self, task: asyncio.Task) -> None:
+        attempt = self.tasks.pop(task, None)
+        if attempt is not None and attempt.unstarted is not None:
+            # Cancelled before its first step: ``_run`` never ran, so nothing else reports its end.
+            attempt.unstarted.close()
+            attempt.unstarted = None
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
+
+    def _timeout_error(self, attempt: Attempt) -> TimeoutError | None:
+        return TimeoutError(f"request_timeout ({self.timeout}s)") if attempt.timed_out else None
+
+    def _expire_timeouts(self) -> None:
+        """The FIFO of attempt deadlines: time out the due attempts still running, drop finished ones."""
+        self._timeout_timer = None
+        now = self.loop.time()
+        queue = self._timeouts
+        while queue:
+            at, attempt = queue[0]
+            if attempt.finished or attempt.timed_out:
+                queue.popleft()
+            elif at <= now:
+                queue.popleft()
+                self._on_timeout(attempt)
+            else:
+                break
+        if len(queue) > 2 * self.in_flight + 1024:  # finished ones behind a slow head: compact
+            self._timeouts = queue = deque(entry for entry in queue if not entry[1].finished)
+        if queue:
+            self._timeout_timer = self.loop.call_at(queue[0][0], self._expire_timeouts)
+
     def _on_timeout(self, attempt: Attempt) -> None:
         attempt.timed_out = True
-        attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
-        if attempt.task is not None:
-            attempt.task.cancel()
+        self._give_up(attempt)
 
-    def _cancel_attempt(self, attempt: Attempt) -> None:
-        if not attempt.timed_out:  # a timed-out call's watchdog is already running: never postpone it
-            if attempt.timer is not None:
-                attempt.timer.cancel()
+    def _give_up(self, attempt: Attempt) -> None:
+        """Cancel a running call (timeout, abandon) and start its hung-call watchdog (once)."""
+        if attempt.timer is None and attempt.holds_slot:
             attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
-        if attempt.task is not None:
-            attempt.task.cancel()
+        if attempt.call is not None:
+            attempt.call.cancel()
 
     def _on_hung(self, attempt: Attempt) -> None:
         """``hung_grace`` after a timeout or cancel, the call has not ended: give its slot back."""
@@ -295,8 +373,7 @@ class RequestPipeline:
             self.hung_now -= 1
         # The slot stays with a thread that was given up but may still be running: it is freed when
         # the thread returns (``_on_late_end``) or by the watchdog. Every other call is over now.
-        still_running = cancelled and self.calls.outlives_cancel and isinstance(attempt.call, asyncio.Future) \
-            and attempt.call.cancelled()
+        still_running = cancelled and self.calls.outlives_cancel
         if not still_running and not hung and attempt.timer is not None:
             attempt.timer.cancel()
             attempt.timer = None
@@ -400,8 +477,9 @@ class RequestPipeline:
         """Stop admitting, cancel every running attempt, wait up to ``timeout`` s for them to end.
         Returns how many did not (async rewards that ignore cancellation): they are left behind."""
         self._closed = True
-        if self._wake is not None:
-            self._wake.cancel()
+        for timer in (self._wake, self._timeout_timer):
+            if timer is not None:
+                timer.cancel()
         for task in list(self.tasks):
             task.cancel()
         stuck = 0
@@ -419,4 +497,3 @@ class RequestPipeline:
             "hung_now": self.hung_now,
             **self.calls.statistics(),
         }
-
