@@ -1,5 +1,6 @@
-"""The thread bridge: every sync call's result or exception reaches its awaiting task, batched wake-ups
-lose none, and a cancelled waiter is skipped."""
+"""The thread bridge: every call's end (result, exception, or skipped) is reported exactly once to
+the loop, batched wake-ups lose none, a given-up call is skipped, threads grow only for blocking
+calls, and a hung thread is replaced when capacity is added."""
 
 from __future__ import annotations
 
@@ -11,101 +12,137 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.thread_bridge import ThreadBridge
+from verl_async_rm.thread_bridge import SKIPPED, ThreadBridge
 
 pytestmark = pytest.mark.quick
 
 
-def bridged(coro_fn, workers: int = 8):
+class Token:
+    def __init__(self, number: int, given_up: bool = False):
+        self.number = number
+        self.given_up = given_up
+
+
+def bridged(scenario, workers: int = 8):
+    """Run ``scenario(bridge, ends)`` on a fresh loop; ``ends`` collects (token, ok, value) as reported."""
+
     async def main():
-        bridge = ThreadBridge(asyncio.get_running_loop(), workers)
+        ends: list[tuple[Token, bool, object]] = []
+        bridge = ThreadBridge(asyncio.get_running_loop(), workers, lambda token, ok, value: ends.append((token, ok, value)))
         try:
-            return await coro_fn(bridge)
+            return await scenario(bridge, ends)
         finally:
             bridge.shutdown()
 
     return asyncio.run(main())
 
 
+async def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.001)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.one_of(st.integers(), st.none()), min_size=1, max_size=300), st.integers(1, 16))
-def test_every_result_and_error_reaches_its_own_waiter(outcomes, workers):
+def test_every_end_is_reported_once_to_its_own_token(outcomes, workers):
     def call(i, value):
         if value is None:
             raise ValueError(i)
         return (i, value)
 
-    async def go(bridge):
-        return await asyncio.gather(*(bridge.run(lambda i=i, v=v: call(i, v)) for i, v in enumerate(outcomes)),
-                                    return_exceptions=True)
+    async def go(bridge, ends):
+        tokens = [Token(i) for i in range(len(outcomes))]
+        for token, value in zip(tokens, outcomes):
+            bridge.run(lambda i=token.number, v=value: call(i, v), token)
+        await until(lambda: len(ends) == len(outcomes))
+        await asyncio.sleep(0.01)  # nothing more arrives
+        return ends
 
-    for i, (value, got) in enumerate(zip(outcomes, bridged(go, workers))):
-        if value is None:
-            assert isinstance(got, ValueError) and got.args == (i,)
+    ends = bridged(go, workers)
+    assert sorted(token.number for token, _, _ in ends) == list(range(len(outcomes)))
+    for token, ok, value in ends:
+        if outcomes[token.number] is None:
+            assert not ok and isinstance(value, ValueError) and value.args == (token.number,)
         else:
-            assert got == (i, value)
+            assert ok and value == (token.number, outcomes[token.number])
 
 
 def test_results_arriving_together_share_one_wake_up():
     release = threading.Event()
     wakes = []
 
-    async def go(bridge):
+    async def go(bridge, ends):
         drain = bridge._drain
         bridge._drain = lambda: (wakes.append(1), drain())  # count loop wake-ups
-        futures = [bridge.run(lambda i=i: release.wait() and i) for i in range(8)]
-        await asyncio.sleep(0.05)  # all 8 calls are blocked in their threads
+        for i in range(8):
+            bridge.run(lambda i=i: release.wait() and i, Token(i))
+        await until(lambda: bridge.threads == 8 and all(bridge._in_call_since))  # all 8 blocked in their calls
         release.set()
         time.sleep(0.3)  # blocks the loop: all 8 results arrive before it can drain any
-        return await asyncio.gather(*futures)
+        await until(lambda: len(ends) == 8)
+        return sorted(value for _, _, value in ends)
 
     assert bridged(go) == list(range(8))
     assert len(wakes) == 1
 
 
-def test_a_cancelled_waiter_is_skipped_and_others_still_complete():
+def test_a_call_given_up_before_it_starts_is_skipped_and_still_reported():
     gate = threading.Event()
 
-    async def go(bridge):
-        slow = bridge.run(lambda: gate.wait(5) and "late")
-        fast = bridge.run(lambda: "fast")
-        slow.cancel()
+    async def go(bridge, ends):
+        bridge.run(lambda: gate.wait(5) and "first", Token(0))  # the only thread is busy with this
+        late = Token(1)
+        bridge.run(lambda: "never runs", late)
+        late.given_up = True  # the pipeline gave up on it (a timeout) before a thread took it
         gate.set()
-        assert await fast == "fast"
-        await asyncio.sleep(0.05)  # the slow result arrives for a cancelled future: ignored, no error
-        return slow.cancelled()
+        await until(lambda: len(ends) == 2)
+        return {token.number: (ok, value) for token, ok, value in ends}
 
-    assert bridged(go)
-
-
-def test_stop_iteration_becomes_a_runtime_error():
-    async def go(bridge):
-        with pytest.raises(RuntimeError, match="StopIteration"):
-            await bridge.run(lambda: next(iter([])))
-        return True
-
-    assert bridged(go)
+    ends = bridged(go, workers=1)
+    assert ends[0] == (True, "first") and ends[1] == (False, SKIPPED)
 
 
-def test_threads_are_spawned_on_demand_up_to_the_cap_and_stop_at_shutdown():
-    gate = threading.Event()
+def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
+    """256 microsecond calls never block: a handful of threads. 64 calls that block (a sleep, as
+    I/O would) get a thread each within a few grow intervals, up to the bound."""
 
-    async def go(bridge):
-        first = await asyncio.gather(*(bridge.run(lambda: 1) for _ in range(50)))  # sequential-ish: few threads
-        blocked = [bridge.run(lambda: gate.wait(5)) for _ in range(10)]
-        await asyncio.sleep(0.1)
-        spawned = len(bridge._threads)
-        gate.set()
-        await asyncio.gather(*blocked)
+    async def go(bridge, ends):
+        for i in range(256):
+            bridge.run(lambda: 1, Token(i))
+        await until(lambda: len(ends) == 256)
+        fast_threads = bridge.threads
+        started = time.monotonic()
+        for i in range(64):
+            bridge.run(lambda: time.sleep(0.3), Token(1000 + i))
+        await until(lambda: len(ends) == 256 + 64)
+        return fast_threads, bridge.threads, time.monotonic() - started
+
+    fast_threads, blocking_threads, took = bridged(go, workers=64)
+    assert fast_threads <= 4
+    assert blocking_threads == 64 and took < 0.3 * 2  # concurrently, not 64 x 0.3 s
+
+
+def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_shutdown():
+    hang, gate = threading.Event(), threading.Event()
+
+    async def go(bridge, ends):
+        bridge.run(lambda: hang.wait(10), Token(0))  # the only thread hangs
+        bridge.run(lambda: "behind it", Token(1))
+        await asyncio.sleep(0.05)
+        stuck = [v for _, _, v in ends]
+        bridge.add_capacity(+1)  # the pipeline declared the call hung
+        await until(lambda: len(ends) == 1)
         threads = list(bridge._threads)
+        hang.set()
+        await until(lambda: len(ends) == 2)
         bridge.shutdown()
         for thread in threads:
             thread.join(5)
         with pytest.raises(RuntimeError, match="shut down"):
-            bridge.run(lambda: 1)
-        return first, spawned, [t.is_alive() for t in threads]
+            bridge.run(lambda: 1, Token(2))
+        return stuck, [v for _, _, v in ends], [t.is_alive() for t in threads]
 
-    first, spawned, alive = bridged(go, workers=4)
-    assert first == [1] * 50
-    assert spawned == 4  # 10 blocking calls, cap 4: the rest queue
-    assert not any(alive)
+    stuck, values, alive = bridged(go, workers=1)
+    assert stuck == [] and values[0] == "behind it" and not any(alive)

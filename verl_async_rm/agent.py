@@ -28,9 +28,15 @@ from verl_async_rm.loader import UserReward, load_reward, wrap_reward
 from verl_async_rm.outcome import AgentClosed, RewardItem, ScoredChunk
 
 _ITEM_FIELDS = ("solution_str", "ground_truth", "data_source", "extra_info", "uid", "index")
+_ITEM_KEYS = frozenset(_ITEM_FIELDS)
 
 
 def as_item(raw: RewardItem | Mapping, position: int) -> RewardItem:
+    if type(raw) is dict and raw.keys() <= _ITEM_KEYS:  # the common case, checked without ABCs
+        text, index, extra = raw.get("solution_str"), raw.get("index", position), raw.get("extra_info")
+        if type(text) is str and type(index) is int and (extra is None or type(extra) is dict):
+            return RewardItem(index, text, raw.get("ground_truth"), raw.get("data_source") or "",
+                              dict(extra) if extra is not None else None, raw.get("uid"))
     if isinstance(raw, RewardItem):
         return raw
     if not isinstance(raw, Mapping):

@@ -37,6 +37,8 @@ def _as_score(value: Any, where: Where) -> float:
 
 def normalize_score(value: Any, where: Where) -> tuple[float, dict]:
     """``where`` names the function and the sample, e.g. ``"gsm8k.compute_score on sample 12 (uid 'a')"``."""
+    if value.__class__ is float and math.isfinite(value):  # the common case, without the ABC check
+        return value, {}
     if isinstance(value, dict):
         if "score" not in value:
             raise RewardFunctionError(f"{_label(where)} returned a dict without a 'score' key (keys: {sorted(value)})")

@@ -26,9 +26,10 @@ def bounded_message(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return f"{text[:limit]} ... [{len(text) - limit} more characters cut]"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RewardItem:
-    """One response to score. ``index`` is the sample's position in the submitted batch."""
+    """One response to score. ``index`` is the sample's position in the submitted batch. (Not frozen:
+    one is built per sample, and a frozen dataclass pays ``object.__setattr__`` per field.)"""
 
     index: int
     solution_str: str

@@ -26,6 +26,7 @@ import itertools
 import logging
 import secrets
 from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Hashable
 
 from verl_async_rm.cache import ResultCache
@@ -44,7 +45,6 @@ from verl_async_rm.outcome import (
 )
 from verl_async_rm.policy import failure_policy, resolve_group
 from verl_async_rm.retry import RetryPolicy
-from verl_async_rm.thread_bridge import ThreadBridge
 
 _log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class ScoringEngine:
         self.stream_members: dict[Group, list[StreamMember]] = {}
         self.stream_waits: dict[Group, asyncio.TimerHandle] = {}
         self.stream_hooks: set[asyncio.Task] = set()
-        self._hook_threads: ThreadBridge | None = None
+        self._hook_threads: ThreadPoolExecutor | None = None
         self.closed: BaseException | None = None
 
     # -- tickets ----------------------------------------------------------------------------------
@@ -471,10 +471,10 @@ class ScoringEngine:
             async with asyncio.timeout(None if budget == float("inf") else budget):
                 if reward.hook_is_async:
                     values = await reward.group_hook(list(result.scores))
-                else:
+                else:  # once per group, not per sample: the standard pool fits (see thread_bridge for why not there)
                     if self._hook_threads is None:
-                        self._hook_threads = ThreadBridge(self.loop, 8, name="reward-hook")
-                    values = await self._hook_threads.run(lambda: reward.group_hook(list(result.scores)))
+                        self._hook_threads = ThreadPoolExecutor(8, thread_name_prefix="reward-hook")
+                    values = await self.loop.run_in_executor(self._hook_threads, reward.group_hook, list(result.scores))
                 if inspect.isawaitable(values):
                     values = await values
             scores = normalize_group_scores(values, len(result.indices), where)
@@ -567,7 +567,7 @@ class ScoringEngine:
         stuck = await self.pipeline.aclose(timeout)
         await self._close_reward()
         if self._hook_threads is not None:
-            self._hook_threads.shutdown()
+            self._hook_threads.shutdown(wait=False, cancel_futures=True)  # a hung hook's thread cannot be joined
         return stuck
 
     async def _close_reward(self) -> None:

@@ -1,14 +1,14 @@
 """Where a user's ``compute_score`` runs, chosen once per agent: on the event loop (``async def``),
-on worker threads, or in worker processes. One method, ``start(fields, on_late_end)``, returns the
-awaitable the request pipeline waits on; the executor says whether a call can outlive its
-cancellation (then ``on_late_end`` reports when it really ended).
+on worker threads, or in worker processes. One method, ``start(fields, token)``: async and process
+calls return what the request pipeline waits on; thread calls report their ends to the pipeline
+themselves (``reports_ends``), since a thread call can outlive the wait (``outlives_cancel``).
 
 - ``AsyncCalls``: the coroutine runs inline in the attempt's task (no extra task per call: async
   throughput is the agent's headline figure). Cancellation reaches the reward's own awaits; a
   reward that swallows it is detected by the pipeline's hung-call watchdog.
-- ``ThreadCalls``: through ``ThreadBridge``. A thread cannot be stopped: after a timeout the call
-  keeps running, holding its concurrency slot until it really ends (``on_late_end``) or is declared
-  hung and its thread replaced (``add_capacity``).
+- ``ThreadCalls``: through ``ThreadBridge``, which reports each call's end to the pipeline (no
+  future per call). A thread cannot be stopped: after a timeout the call keeps running, holding its
+  concurrency slot until it really ends or is declared hung and its thread replaced.
 - ``ProcessCalls``: through pebble's ``ProcessPool``. Cancelling a running call terminates its
   worker, and a worker that dies (a crash, an OOM kill) fails only its own call
   (``ProcessExpired``); pebble starts a replacement either way. The standard library's
@@ -29,12 +29,13 @@ from verl_async_rm.thread_bridge import ThreadBridge
 
 class AsyncCalls:
     outlives_cancel = False
+    reports_ends = False  # (ThreadCalls reports through bind; the others return what to await)
 
     def __init__(self, reward: UserReward):
         self._fn = reward.score_fn
         self._kwargs = reward.call_kwargs
 
-    def start(self, fields: dict, on_late_end: Callable[[], None]) -> Awaitable:
+    def start(self, fields: dict, token=None) -> Awaitable:
         return self._fn(**fields, **self._kwargs)  # the coroutine: awaited inline by the attempt
 
     def replace_hung_thread(self, delta: int = 1) -> None:
@@ -48,29 +49,39 @@ class AsyncCalls:
 
 
 class ThreadCalls:
+    """Sync rewards on worker threads. No future per call: the bridge reports each call's end,
+    in batches, to the pipeline's ``on_end(attempt, ok, value)`` (``bind``)."""
+
     outlives_cancel = True
+    reports_ends = True
 
     def __init__(self, reward: UserReward, loop: asyncio.AbstractEventLoop, max_threads: int, name: str = "reward-agent"):
         self._fn = reward.score_fn
         self._kwargs = reward.call_kwargs
-        self.bridge = ThreadBridge(loop, max_threads, name)
+        self._loop, self._max_threads, self._name = loop, max_threads, name
+        self.bridge: ThreadBridge | None = None
 
-    def start(self, fields: dict, on_late_end: Callable[[], None]) -> asyncio.Future:
-        return self.bridge.run(functools.partial(self._fn, **fields, **self._kwargs), on_late_end)
+    def bind(self, on_end: Callable) -> None:
+        self.bridge = ThreadBridge(self._loop, self._max_threads, on_end, self._name)
+
+    def start(self, fields: dict, token=None) -> None:
+        self.bridge.run(functools.partial(self._fn, **fields, **self._kwargs), token)
 
     def replace_hung_thread(self, delta: int = 1) -> None:
         """One more thread while a hung one is stuck (``delta=-1`` once it has returned after all)."""
         self.bridge.add_capacity(delta)
 
     def statistics(self) -> dict:
-        return {"threads": self.bridge.threads}
+        return {"threads": self.bridge.threads if self.bridge is not None else 0}
 
     async def aclose(self) -> None:
-        self.bridge.shutdown()  # threads stuck in a hung call cannot be joined: they are daemons
+        if self.bridge is not None:
+            self.bridge.shutdown()  # threads stuck in a hung call cannot be joined: they are daemons
 
 
 class ProcessCalls:
     outlives_cancel = False
+    reports_ends = False
 
     def __init__(self, reward: UserReward, workers: int):
         import pebble  # imported here: only the process executor needs it
@@ -84,7 +95,7 @@ class ProcessCalls:
             initializer, initargs = None, ()
         self.pool = pebble.ProcessPool(max_workers=workers, initializer=initializer, initargs=initargs)
 
-    def start(self, fields: dict, on_late_end: Callable[[], None]) -> asyncio.Future:
+    def start(self, fields: dict, token=None) -> asyncio.Future:
         # Cancelling the asyncio future cancels pebble's, which terminates the worker running it.
         return asyncio.wrap_future(self.pool.schedule(self._call, args=(fields,)))
 

@@ -45,9 +45,15 @@ from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardIt
 from verl_async_rm.retry import RetryPolicy, classify
 
 _log = logging.getLogger(__name__)
+_PLAIN = (float, int, bool, dict, tuple, str, type(None))  # what a reward returns: never awaitable
 
 QUEUED, RUNNING, WAITING, DONE = range(4)
 NO_TIMEOUT_GRACE = 30.0  # without request_timeout, an abandoned call is declared hung after this long
+
+
+def _maybe_awaitable(value: Any) -> bool:
+    """``inspect.isawaitable`` without its abstract-class check for the plain values rewards return."""
+    return value.__class__ not in _PLAIN and inspect.isawaitable(value)
 
 
 class Sample:
@@ -72,7 +78,8 @@ class Sample:
 
 
 class Attempt:
-    __slots__ = ("sample", "epoch", "sent_at", "call", "unstarted", "timer", "timed_out", "finished", "holds_slot", "hung")
+    __slots__ = ("sample", "epoch", "sent_at", "call", "unstarted", "timer", "timed_out", "given_up", "finished",
+                 "holds_slot", "hung")
 
     def __init__(self, sample: Sample, epoch: int, sent_at: float):
         self.sample = sample
@@ -82,6 +89,7 @@ class Attempt:
         self.unstarted: Any = None  # the user's coroutine until its task first runs (closed if it never does)
         self.timer: asyncio.TimerHandle | None = None  # the hung-call watchdog, once given up
         self.timed_out = False
+        self.given_up = False  # timed out or abandoned: a thread not started yet skips it
         self.finished = False  # the sample has moved on from this attempt
         self.holds_slot = True
         self.hung = False
@@ -133,6 +141,9 @@ class RequestPipeline:
         self._wake_at = float("inf")
         self._pumping = self._pump_again = False
         self._closed = False
+        self._reported = calls.reports_ends  # thread calls: their ends come through _thread_end
+        if self._reported:
+            calls.bind(self._thread_end)
 
     # -- entry -----------------------------------------------------------------------------------
     def enqueue(self, samples: list[Sample]) -> None:
@@ -242,10 +253,12 @@ class RequestPipeline:
             "extra_info": item.extra_info,
         }
         try:
-            call = self.calls.start(fields, lambda: self._on_late_end(attempt))
+            call = self.calls.start(fields, attempt)
         except BaseException as exc:  # noqa: BLE001 - e.g. an async reward called with wrong arguments
             self._attempt_ended(attempt, None, exc)
             return
+        if self._reported:
+            return  # a thread call: its end comes through _thread_end
         if isinstance(call, asyncio.Future):  # a thread or process call: its callback drives the attempt
             attempt.call = call
             call.add_done_callback(lambda future: self._call_done(attempt, future))
@@ -255,12 +268,25 @@ class RequestPipeline:
             self.tasks[task] = attempt
             task.add_done_callback(self._task_done)
 
+    def _thread_end(self, attempt: Attempt, ok: bool, value: Any) -> None:
+        """A thread call ended (or was skipped: given up before it started)."""
+        if attempt.given_up:  # timed out or abandoned: decided already; only its slot was waiting
+            self._on_late_end(attempt)
+        elif not ok:
+            self._attempt_ended(attempt, None, value)
+        elif _maybe_awaitable(value):  # a sync wrapper that returned a coroutine
+            task = attempt.call = self.loop.create_task(self._run(attempt, value))
+            self.tasks[task] = attempt
+            task.add_done_callback(self._task_done)
+        else:
+            self._attempt_ended(attempt, value, None)
+
     def _call_done(self, attempt: Attempt, future: asyncio.Future) -> None:
         if future.cancelled():
             self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
         elif future.exception() is not None:
             self._attempt_ended(attempt, None, future.exception())
-        elif inspect.isawaitable(future.result()):  # a sync wrapper that returned a coroutine
+        elif _maybe_awaitable(future.result()):  # a sync wrapper that returned a coroutine
             task = attempt.call = self.loop.create_task(self._run(attempt, future.result()))
             self.tasks[task] = attempt
             task.add_done_callback(self._task_done)
@@ -271,7 +297,7 @@ class RequestPipeline:
         attempt.unstarted = None
         try:
             value = await awaitable
-            if inspect.isawaitable(value):
+            if _maybe_awaitable(value):
                 value = await value
         except asyncio.CancelledError:
             # Not re-raised: the task ends quietly. A timeout becomes the attempt's error; any other
@@ -318,10 +344,14 @@ class RequestPipeline:
 
     def _give_up(self, attempt: Attempt) -> None:
         """Cancel a running call (timeout, abandon) and start its hung-call watchdog (once)."""
+        attempt.given_up = True
         if attempt.timer is None and attempt.holds_slot:
             attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
         if attempt.call is not None:
             attempt.call.cancel()
+        elif self._reported and attempt.timed_out and not attempt.finished:
+            # A thread cannot be cancelled: the sample moves on now; the slot waits for its end.
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
 
     def _on_hung(self, attempt: Attempt) -> None:
         """``hung_grace`` after a timeout or cancel, the call has not ended: give its slot back."""
