@@ -25,9 +25,16 @@ def _pairs(values: list[str], what: str) -> dict:
     return out
 
 
+EXIT_SCORING_STOPPED = 3  # (2: bad arguments or input)
+
+
 def _print_summary(summary: dict) -> None:
     width = max(map(len, summary))
     for key, value in summary.items():
+        if key == "first_failures":
+            for number, message in enumerate(value, 1):
+                print(f"  {'failure ' + str(number):<{width}}  {message}")
+            continue
         shown = f"{value:.4g}" if isinstance(value, float) else value
         print(f"  {key:<{width}}  {shown}")
 
@@ -53,6 +60,9 @@ def cmd_score(args) -> int:
     _print_summary(summary)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+    if "error" in summary:
+        print(f"error: scoring stopped: {summary['error']}", file=sys.stderr)
+        return EXIT_SCORING_STOPPED
     return 0
 
 

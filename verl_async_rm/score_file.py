@@ -11,8 +11,10 @@ import numpy as np
 from tqdm import tqdm
 
 from verl_async_rm.agent import RewardAgent
+from verl_async_rm.outcome import RewardError
 
 ITEM_KEYS = ("solution_str", "ground_truth", "data_source", "extra_info", "uid")
+FIRST_FAILURES = 3  # failure messages shown in the summary
 
 
 def read_items(path: Path, response_key: str = "solution_str") -> tuple[list[dict], list[dict]]:
@@ -47,34 +49,45 @@ def score_file(
     response_key: str = "solution_str",
     progress: bool = True,
 ) -> dict:
+    """Score every row; returns the summary. If scoring stops (``RewardError``: the failure budget,
+    the ``raise`` policy), the summary says why under ``error``, and the output still holds every
+    score computed until then (the others are null)."""
     rows, items = read_items(Path(input_path), response_key)
     scores: list[float | None] = [None] * len(items)
     extras: list[dict] = [{} for _ in items]
     groups = max(1, len(items) // group_size)
     chunk_size = group_size * max(1, groups // 200)  # ~200 progress updates whatever the size
+    error: RewardError | None = None
     start = time.perf_counter()
     with RewardAgent.from_file(reward_path, reward_name, config, reward_kwargs=reward_kwargs) as agent:
         ticket = agent.submit(items, group_size)
         with tqdm(total=len(items), unit="sample", desc="scoring", disable=not progress) as bar:
-            while chunk := agent.get(ticket, chunk_size):
-                for position, index in enumerate(chunk.indices):
-                    scores[index] = chunk.scores[position]
-                    extras[index] = {k: v[position] for k, v in chunk.extra_info.items() if v[position] is not None}
-                bar.update(len(chunk))
+            try:
+                while chunk := agent.get(ticket, chunk_size):
+                    for position, index in enumerate(chunk.indices):
+                        scores[index] = chunk.scores[position]
+                        extras[index] = {k: v[position] for k, v in chunk.extra_info.items() if v[position] is not None}
+                    bar.update(len(chunk))
+            except RewardError as exc:
+                error = exc
         metrics = agent.metrics()
     wall = time.perf_counter() - start
     if output_path is not None:
         with Path(output_path).open("w") as f:
             for row, score, extra in zip(rows, scores, extras):
                 f.write(json.dumps({**row, "score": score, "reward_extra_info": extra}, default=str) + "\n")
-    values = np.array(scores, dtype=float)
-    return {
+    values = np.array([s for s in scores if s is not None], dtype=float)
+    failures = [extra["reward_error"] for extra in extras if extra.get("reward_failed")]
+    summary = {
         "samples": len(items),
+        "scored": int(sum(s is not None for s in scores)),
         "groups": len(items) // group_size,
         "mean_score": float(values.mean()) if len(values) else float("nan"),
         "failed": metrics["failed"],
         "failures_by_kind": metrics["failures_by_kind"],
+        "first_failures": failures[:FIRST_FAILURES],
         "retries": metrics["retries"],
+        "throttled": metrics["throttled"],
         "peak_in_flight": metrics["peak_in_flight"],
         "latency_p50_s": metrics["latency_p50"],
         "latency_p95_s": metrics["latency_p95"],
@@ -82,3 +95,6 @@ def score_file(
         "wall_time_s": wall,
         "samples_per_s": len(items) / wall if wall > 0 else float("inf"),
     }
+    if error is not None:
+        summary["error"] = f"{type(error).__name__}: {error}"
+    return summary

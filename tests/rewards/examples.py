@@ -68,3 +68,17 @@ class Checked:
 
     async def aclose(self):
         Checked.closed += 1
+
+
+def fails_on_odd(data_source, solution_str, ground_truth, extra_info=None):
+    """Fails (a non-retried bug) on odd-numbered responses; a service broken for half its inputs."""
+    if int(solution_str) % 2:
+        raise ValueError(f"cannot judge response {solution_str}")
+    return 1.0
+
+
+def fails_on_tenth(data_source, solution_str, ground_truth, extra_info=None):
+    """Fails on every tenth response: the occasional failure the policy handles."""
+    if int(solution_str) % 10 == 9:
+        raise ValueError(f"cannot judge response {solution_str}")
+    return 1.0
