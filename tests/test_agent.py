@@ -94,8 +94,11 @@ def test_timeout_fails_the_sample_with_its_name_under_raise_policy():
         with pytest.raises(RewardError, match=r"sample 3 \(ticket [0-9a-f]+-0, uid 'u3'\).*TimeoutError"):
             agent.get_all(ticket, timeout=10)
         assert time.perf_counter() - start < 5
-        with pytest.raises(RewardError):  # the ticket stays failed
-            agent.get(ticket, 1, timeout=5)
+        handed = 0
+        with pytest.raises(RewardError):  # the ticket stays failed: what was ready, then the error
+            while agent.get(ticket, 1, timeout=5):
+                handed += 1
+        assert handed <= 5
         assert agent.metrics()["failures_by_kind"] == {"timeout": 1}
 
 

@@ -198,8 +198,9 @@ def test_failure_budget_makes_a_down_service_loud_with_kinds_and_messages():
             ticket = agent.submit(items(40))
             with pytest.raises(FailureBudgetExceeded, match=r"of 40 samples failed.*connection x\d+.*connection refused"):
                 await agent.get_all(ticket)
-            with pytest.raises(FailureBudgetExceeded):  # the ticket stays failed
-                await agent.get(ticket, 1)
+            with pytest.raises(FailureBudgetExceeded):  # the ticket stays failed: what was ready, then the error
+                while await agent.get(ticket, 1):
+                    pass
             small = await agent.get_all(agent.submit(items(4)))  # below the budget: the policy's business
             return small, agent.metrics()
 
@@ -342,3 +343,42 @@ def test_fuzz_every_ticket_ends_by_its_deadline_and_every_sample_once(behaviour,
         else:
             assert sorted(taken[position]) == list(range(n))  # every sample exactly once
     assert metrics["pending"] == 0 and metrics["in_flight"] == 0
+
+
+def test_a_failed_ticket_hands_out_what_was_ready_in_full_chunks_then_raises():
+    """Scores computed before a ticket failed are not thrown away: gets of n hand out full chunks of
+    the groups that were ready, then raise; never a partial chunk, never a partial get_all. A
+    cancelled ticket hands out nothing."""
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        i = extra_info["i"]
+        if i >= 12:  # after 12 good samples, the service breaks
+            await asyncio.sleep(1)
+            raise ValueError("broken")
+        return float(i)
+
+    async def scenario():
+        async with AsyncRewardAgent(reward, {"max_attempts": 1, "max_failure_rate": 0.25}) as agent:
+            ticket = agent.submit(items(40, 2), 2)
+            await asyncio.sleep(10)  # everything settled; the ticket failed past 10 failures
+            with pytest.raises(FailureBudgetExceeded):
+                await agent.get_all(ticket)  # "everything" cannot be given: an error, not a partial set
+            chunks = []
+            with pytest.raises(FailureBudgetExceeded, match="of 40 samples failed"):
+                while True:
+                    chunks.append(await agent.get(ticket, 4))
+            cancelled = agent.submit(items(4, 2), 2)
+            await asyncio.sleep(1)
+            agent.cancel(cancelled)
+            with pytest.raises(TicketCancelled):
+                await agent.get(cancelled, 2)
+            return chunks
+
+    chunks = virtual(scenario)
+    assert chunks and all(len(chunk) == 4 for chunk in chunks)  # full chunks only
+    delivered = [(i, score, failed) for chunk in chunks
+                 for i, score, failed in zip(chunk.indices, chunk.scores, chunk.extra_info["reward_failed"])]
+    assert len({i for i, _, _ in delivered}) == len(delivered)  # none twice
+    assert {i for i, _, failed in delivered if not failed} == set(range(12))  # every good score, kept
+    assert all(score == float(i) for i, score, failed in delivered if not failed)
+    assert all(i >= 12 for i, _, failed in delivered if failed)  # groups the policy resolved before the trip

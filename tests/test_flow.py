@@ -17,7 +17,7 @@ from verl_async_rm.engine.flow import FlowControl, FlowSettings
 
 
 def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed=0, round_up=False, storm=None,
-             max_pause=30.0, random_429=0.0, random_retry_after=0.05):
+             max_pause=30.0, random_429=0.0, random_retry_after=0.05, instant_refusals=False, stall=None):
     """A client with FlowControl against a token-bucket server (capacity, refill/s; Retry-After = time
     to the next token, optionally rounded up to whole seconds) or a storm (start, duration, R) in which
     every request is refused. Discrete events; returns what the issue's targets are about."""
@@ -63,7 +63,11 @@ def simulate(n=200, cap=256, capacity=30, refill=3.0, latency=(0.02, 0.08), seed
                 rejected_after += not ok
             if storm and first_429 is not None and now < storm[0] + storm[1]:
                 storm_sends.append(now)
-            heapq.heappush(events, (now + rng.uniform(*latency), 1, (epoch, ok, retry_after, now)))
+            delay = 0.001 if instant_refusals and not ok else rng.uniform(*latency)  # a front door answers at once
+            at = now + delay
+            if stall and stall[0] <= at < stall[0] + stall[1]:
+                at = stall[0] + stall[1]  # the client's loop was busy: the answers arrive together after it
+            heapq.heappush(events, (at, 1, (epoch, ok, retry_after, now)))
         if storm and full_cap_after is None and now >= storm[0] + storm[1] and in_flight >= cap:
             full_cap_after = now - (storm[0] + storm[1])
         now, kind, answer = heapq.heappop(events)

@@ -55,7 +55,7 @@ def test_every_end_is_reported_once_to_its_own_token(outcomes, workers):
     async def go(bridge, ends):
         tokens = [Token(i) for i in range(len(outcomes))]
         for token, value in zip(tokens, outcomes):
-            bridge.run(lambda i=token.number, v=value: call(i, v), token)
+            bridge.run(lambda arg: call(*arg), (token.number, value), token)
         await until(lambda: len(ends) == len(outcomes))
         await asyncio.sleep(0.01)  # nothing more arrives
         return ends
@@ -77,7 +77,7 @@ def test_results_arriving_together_share_one_wake_up():
         drain = bridge._drain
         bridge._drain = lambda: (wakes.append(1), drain())  # count loop wake-ups
         for i in range(8):
-            bridge.run(lambda i=i: release.wait() and i, Token(i))
+            bridge.run(lambda i: release.wait() and i, i, Token(i))
         await until(lambda: bridge.threads == 8 and all(bridge._in_call_since))  # all 8 blocked in their calls
         release.set()
         time.sleep(0.3)  # blocks the loop: all 8 results arrive before it can drain any
@@ -92,9 +92,9 @@ def test_a_call_given_up_before_it_starts_is_skipped_and_still_reported():
     gate = threading.Event()
 
     async def go(bridge, ends):
-        bridge.run(lambda: gate.wait(5) and "first", Token(0))  # the only thread is busy with this
+        bridge.run(lambda _: gate.wait(5) and "first", None, Token(0))  # the only thread is busy with this
         late = Token(1)
-        bridge.run(lambda: "never runs", late)
+        bridge.run(lambda _: "never runs", None, late)
         late.given_up = True  # the pipeline gave up on it (a timeout) before a thread took it
         gate.set()
         await until(lambda: len(ends) == 2)
@@ -110,12 +110,12 @@ def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
 
     async def go(bridge, ends):
         for i in range(256):
-            bridge.run(lambda: 1, Token(i))
+            bridge.run(lambda _: 1, None, Token(i))
         await until(lambda: len(ends) == 256)
         fast_threads = bridge.threads
         started = time.monotonic()
         for i in range(64):
-            bridge.run(lambda: time.sleep(0.3), Token(1000 + i))
+            bridge.run(time.sleep, 0.3, Token(1000 + i))
         await until(lambda: len(ends) == 256 + 64)
         return fast_threads, bridge.threads, time.monotonic() - started
 
@@ -128,8 +128,8 @@ def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_sh
     hang, gate = threading.Event(), threading.Event()
 
     async def go(bridge, ends):
-        bridge.run(lambda: hang.wait(10), Token(0))  # the only thread hangs
-        bridge.run(lambda: "behind it", Token(1))
+        bridge.run(hang.wait, 10, Token(0))  # the only thread hangs
+        bridge.run(lambda _: "behind it", None, Token(1))
         await asyncio.sleep(0.05)
         stuck = [v for _, _, v in ends]
         bridge.add_capacity(+1)  # the pipeline declared the call hung
@@ -141,7 +141,7 @@ def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_sh
         for thread in threads:
             thread.join(5)
         with pytest.raises(RuntimeError, match="shut down"):
-            bridge.run(lambda: 1, Token(2))
+            bridge.run(lambda _: 1, None, Token(2))
         return stuck, [v for _, _, v in ends], [t.is_alive() for t in threads]
 
     stuck, values, alive = bridged(go, workers=1)

@@ -12,6 +12,10 @@ __version__ = "0.1.0.dev0"
 
 _EXPORTS = {
     "RewardAgent": "verl_async_rm.agent",
+    "AsyncRewardAgent": "verl_async_rm.agent",
+    "RewardClient": "verl_async_rm.client",
+    "AgentClosed": "verl_async_rm.outcome",
+    "FailureBudgetExceeded": "verl_async_rm.outcome",
     "AgentConfig": "verl_async_rm.config",
     "RewardSpec": "verl_async_rm.loader",
     "load_reward": "verl_async_rm.loader",

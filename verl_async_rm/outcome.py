@@ -39,7 +39,7 @@ class RewardItem:
     uid: Hashable | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Scored:
     score: float
     extra: dict = field(default_factory=dict)
@@ -47,7 +47,7 @@ class Scored:
     cached: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Failed:
     """A request that produced no usable score. ``kind`` is a short machine-readable cause
     (``timeout``, ``deadline``, ``error``, ``invalid``, ``http_429``, ``hook_error`` ...); ``message``
@@ -59,7 +59,7 @@ class Failed:
     attempts: int = 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "message", bounded_message(self.message))
+        self.message = bounded_message(self.message)
 
 
 Outcome = Scored | Failed

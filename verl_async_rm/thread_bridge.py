@@ -70,13 +70,14 @@ class ThreadBridge:
     def threads(self) -> int:
         return len(self._threads)
 
-    def run(self, call: Callable[[], Any], token: Any) -> None:
-        """Schedule ``call()`` on a worker thread (from the loop's thread). If ``token.given_up`` is
-        true when a thread takes it, it is skipped. Either way ``on_end(token, ...)`` follows."""
+    def run(self, fn: Callable[[Any], Any], arg: Any, token: Any) -> None:
+        """Schedule ``fn(arg)`` on a worker thread (from the loop's thread). If ``token.given_up`` is
+        true when a thread takes it, it is skipped. Either way ``on_end(token, ...)`` follows.
+        (``fn`` and ``arg`` rather than a closure: no object built per call beyond the job tuple.)"""
         if self._closed:
             raise RuntimeError("the reward agent's threads are shut down")
         self._outstanding += 1
-        self._calls.put((call, token))
+        self._calls.put((fn, arg, token))
         if not self._threads:
             self._spawn(1)
         elif self._grow is None and len(self._threads) < min(self._outstanding, self._max_threads):
@@ -131,21 +132,17 @@ class ThreadBridge:
             job = self._calls.get()
             if job is _STOP:
                 return
-            call, token = job
+            fn, arg, token = job
             if token.given_up:
                 self._finish(token, False, SKIPPED)
-            else:
-                in_call_since[number] = time.monotonic()
-                result = self._call(call)
-                in_call_since[number] = 0.0
-                self._finish(token, *result)
-
-    @staticmethod
-    def _call(call: Callable[[], Any]) -> tuple[bool, Any]:
-        try:
-            return True, call()
-        except BaseException as exc:  # noqa: BLE001 - reported to the loop, like run_in_executor
-            return False, exc
+                continue
+            in_call_since[number] = time.monotonic()
+            try:
+                ok, value = True, fn(arg)
+            except BaseException as exc:  # noqa: BLE001 - reported to the loop, like run_in_executor
+                ok, value = False, exc
+            in_call_since[number] = 0.0
+            self._finish(token, ok, value)
 
     def _finish(self, token: Any, ok: bool, value: Any) -> None:
         self._finished.append((token, ok, value))

@@ -66,6 +66,7 @@ class TicketRun:
         self.budget = budget
         self.waiters: deque[tuple[int | None, asyncio.Future]] = deque()
         self.in_hand = 0  # takes by callers elsewhere, handed over but not yet confirmed or put back
+        self.deliver: Callable[[GroupResult | BaseException], None] = lambda result: None  # set by the engine
         self.hooks: set[asyncio.Task] = set()
         self.settled_at: dict[int, float] = {}  # settled samples whose group is not ready yet
         self.error: BaseException | None = None
@@ -153,6 +154,7 @@ class ScoringEngine:
         ticket = f"{self.id}-{next(self._ticket_numbers)}"
         now = self.loop.time()
         run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(len(items), self.config.max_failure_rate))
+        run.deliver = lambda result: self._deliver_to_ticket(run, result)
         for item in items:
             run.samples[item.index] = Sample(item, run)
         self.tickets[ticket] = run
@@ -188,7 +190,7 @@ class ScoringEngine:
             return []
         run.ledger.check_request(n)
         if run.error is not None:
-            raise _copy_error(run)
+            return self._after_failure(run, n, confirm)
         if not run.waiters:
             groups = run.ledger.take(n)
             if groups is not None:
@@ -215,11 +217,31 @@ class ScoringEngine:
         self._handed_over(run, confirm)
         return groups
 
+    def _after_failure(self, run: TicketRun, n: int | None, confirm: bool) -> list[GroupResult]:
+        """A failed ticket still hands out the groups that were ready before it failed (scores
+        computed are never thrown away), in full chunks of ``n`` only, then raises its error. (Never
+        a partial chunk, nor a partial ``get_all``: a caller counting on n samples must not get fewer.)"""
+        groups = run.ledger.take(n) if n is not None and _keeps_ready(run.error) else None
+        if not groups:
+            self._forget_if_emptied(run)
+            raise _copy_error(run)
+        if confirm:
+            run.in_hand += 1
+        else:
+            self._forget_if_emptied(run)
+        return groups
+
+    def _forget_if_emptied(self, run: TicketRun) -> None:
+        emptied = not run.ledger.ready_groups or not _keeps_ready(run.error)
+        if run.error is not None and emptied and not run.in_hand and self.tickets.get(run.ticket) is run:
+            self._forget(run, _copy_error(run))
+
     def _handed_over(self, run: TicketRun, confirm: bool) -> None:
         if confirm:
             run.in_hand += 1  # until the caller confirms it received them, or puts them back
         else:
             self._retire_if_done(run)
+            self._forget_if_emptied(run)
 
     def confirm_taken(self, ticket: str) -> None:
         """A caller elsewhere received what ``take(confirm=True)`` handed over."""
@@ -227,6 +249,7 @@ class ScoringEngine:
         if run is not None:
             run.in_hand -= 1
             self._retire_if_done(run)
+            self._forget_if_emptied(run)
 
     def put_back(self, ticket: str, groups: list[GroupResult]) -> None:
         """What ``take(confirm=True)`` handed over, back in front: its caller left before receiving it
@@ -258,7 +281,11 @@ class ScoringEngine:
                 continue
             if run.error is not None:
                 run.waiters.popleft()
-                waiter.set_exception(_copy_error(run))
+                groups = run.ledger.take(n) if n is not None and _keeps_ready(run.error) else None
+                if groups:  # a failed ticket still hands out full chunks of what was ready
+                    waiter.set_result(groups)
+                else:
+                    waiter.set_exception(_copy_error(run))
                 continue
             groups = run.ledger.take(n)
             if groups is None:
@@ -298,8 +325,7 @@ class ScoringEngine:
         for task in list(run.hooks):
             task.cancel()
         self._serve(run)
-        if self.tickets.get(run.ticket) is run:
-            self._forget(run, _copy_error(run))
+        self._forget_if_emptied(run)  # else later gets take the ready groups first
         return unsettled
 
     def _expire_ticket(self, run: TicketRun) -> None:
@@ -425,9 +451,10 @@ class ScoringEngine:
                 return
             group = owner.ledger.settle(sample.item.index, outcome)
             if group is not None:
-                where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {owner.ticket})"
+                where = "" if self.reward.group_hook is None else \
+                    f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {owner.ticket})"
                 deadline = owner.submitted_at + (self.config.ticket_deadline or float("inf"))
-                self._resolve(group, lambda result, run=owner: self._deliver_to_ticket(run, result), deadline, where, owner.hooks, owner)
+                self._resolve(group, owner.deliver, deadline, where, owner.hooks, owner)
             return
         member: StreamMember = owner
         self.metrics.latencies.append(now - member.arrived_at)
@@ -514,9 +541,9 @@ class ScoringEngine:
         if isinstance(result, BaseException):
             self._fail_ticket(run, result)
             return
-        latencies = [run.settled_at.pop(i, None) for i in result.indices]
-        now = self.loop.time()
-        run.ledger.mark_ready(dataclasses.replace(result, latencies=latencies, ready_after=now - run.submitted_at, ready_at=now))
+        settled_at, now = run.settled_at, self.loop.time()
+        run.ledger.mark_ready(GroupResult(result.key, result.indices, result.scores, result.extras,
+                                          [settled_at.pop(i, None) for i in result.indices], now - run.submitted_at, now))
         self._serve(run)
 
     # -- failing everything ---------------------------------------------------------------------------
@@ -583,6 +610,12 @@ class ScoringEngine:
                 await asyncio.wait_for(result, 10)
         except Exception:  # noqa: BLE001 - shutdown goes on; the user sees why
             _log.warning("closing %s failed", self.reward.label, exc_info=True)
+
+
+def _keeps_ready(error: BaseException | None) -> bool:
+    """A ticket that failed (budget, raise policy) still hands out what was ready; one cancelled, or
+    an agent closed, does not."""
+    return not isinstance(error, (TicketCancelled, AgentClosed))
 
 
 def _copy_error(run: TicketRun) -> BaseException:

@@ -1,5 +1,5 @@
 """Where a user's ``compute_score`` runs, chosen once per agent: on the event loop (``async def``),
-on worker threads, or in worker processes. One method, ``start(fields, token)``: async and process
+on worker threads, or in worker processes. One method, ``start(item, token)``: async and process
 calls return what the request pipeline waits on; thread calls report their ends to the pipeline
 themselves (``reports_ends``), since a thread call can outlive the wait (``outlives_cancel``).
 
@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 
 from verl_async_rm import process_worker
 from verl_async_rm.loader import UserReward
+from verl_async_rm.outcome import RewardItem
 from verl_async_rm.thread_bridge import ThreadBridge
 
 
@@ -35,8 +36,9 @@ class AsyncCalls:
         self._fn = reward.score_fn
         self._kwargs = reward.call_kwargs
 
-    def start(self, fields: dict, token=None) -> Awaitable:
-        return self._fn(**fields, **self._kwargs)  # the coroutine: awaited inline by the attempt
+    def start(self, item: RewardItem, token=None) -> Awaitable:
+        return self._fn(data_source=item.data_source, solution_str=item.solution_str, ground_truth=item.ground_truth,
+                        extra_info=item.extra_info, **self._kwargs)  # the coroutine: run by the attempt's task
 
     def replace_hung_thread(self, delta: int = 1) -> None:
         """A hung coroutine holds no thread."""
@@ -64,8 +66,12 @@ class ThreadCalls:
     def bind(self, on_end: Callable) -> None:
         self.bridge = ThreadBridge(self._loop, self._max_threads, on_end, self._name)
 
-    def start(self, fields: dict, token=None) -> None:
-        self.bridge.run(functools.partial(self._fn, **fields, **self._kwargs), token)
+    def start(self, item: RewardItem, token=None) -> None:
+        self.bridge.run(self._call, item, token)
+
+    def _call(self, item: RewardItem):  # on a worker thread
+        return self._fn(data_source=item.data_source, solution_str=item.solution_str, ground_truth=item.ground_truth,
+                        extra_info=item.extra_info, **self._kwargs)
 
     def replace_hung_thread(self, delta: int = 1) -> None:
         """One more thread while a hung one is stuck (``delta=-1`` once it has returned after all)."""
@@ -95,7 +101,9 @@ class ProcessCalls:
             initializer, initargs = None, ()
         self.pool = pebble.ProcessPool(max_workers=workers, initializer=initializer, initargs=initargs)
 
-    def start(self, fields: dict, token=None) -> asyncio.Future:
+    def start(self, item: RewardItem, token=None) -> asyncio.Future:
+        fields = {"data_source": item.data_source, "solution_str": item.solution_str,
+                  "ground_truth": item.ground_truth, "extra_info": item.extra_info}
         # Cancelling the asyncio future cancels pebble's, which terminates the worker running it.
         return asyncio.wrap_future(self.pool.schedule(self._call, args=(fields,)))
 

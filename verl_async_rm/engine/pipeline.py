@@ -245,15 +245,8 @@ class RequestPipeline:
             self._timeouts.append((now + self.timeout, attempt))
             if self._timeout_timer is None:
                 self._timeout_timer = self.loop.call_at(now + self.timeout, self._expire_timeouts)
-        item = sample.item
-        fields = {
-            "data_source": item.data_source,
-            "solution_str": item.solution_str,
-            "ground_truth": item.ground_truth,
-            "extra_info": item.extra_info,
-        }
         try:
-            call = self.calls.start(fields, attempt)
+            call = self.calls.start(sample.item, attempt)
         except BaseException as exc:  # noqa: BLE001 - e.g. an async reward called with wrong arguments
             self._attempt_ended(attempt, None, exc)
             return
