@@ -372,3 +372,41 @@ def _latencies(m: int) -> list[float]:
 
 if __name__ == "__main__":
     main()
+
+
+def markdown(report: dict) -> str:
+    """The README's agent-core table, from this benchmark's JSON."""
+    throughput = report["throughput_scores_per_s"]
+
+    def rate(name: str, clock: str) -> str:
+        s = throughput[name][f"{clock}_scores_per_s"]
+        return f"{s['median']:,.0f} [{s['min']:,.0f}, {s['max']:,.0f}]"
+
+    slow = report["latency_0.1_0.5"]
+
+    def wall(name: str) -> str:
+        s = slow[name]["from_submit_s"]
+        return f"{s['median']:.2f} s [{s['min']:.2f}, {s['max']:.2f}]"
+
+    wake, flight = report["get_wakeup"], report["in_flight"]
+    ratio = report["ours_sync_vs_recipe_sync"]
+    rows = [
+        ("zero-latency sync reward, scores/s from submit", rate("ours_sync", "from_submit"), rate("recipe_sync", "from_submit"),
+         rate("verl_rate_limited_sync", "from_submit")),
+        ("zero-latency sync reward, scores/s from pickup", rate("ours_sync", "from_pickup"), rate("recipe_sync", "from_pickup"), "—"),
+        ("zero-latency async reward, scores/s", rate("ours_async", "from_submit"), "—", rate("verl_rate_limited_async", "from_submit")),
+        (f"{slow['samples']:,} requests of 0.1-0.5 s (ideal {slow['ideal_s']:.2f} s)",
+         f"async {wall('ours_async_cap_all')}; sync, 256 threads {wall('ours_sync_cap_256')}",
+         f"{wall('recipe_sync_256_threads')} (256 threads)", wall("verl_rate_limited_async_cap_all")),
+        ("`get` wake-up, p50 / p99", f"{wake['ours']['p50_ms']:.2f} / {wake['ours']['p99_ms']:.2f} ms",
+         f"{wake['recipe']['p50_ms']:.2f} / {wake['recipe']['p99_ms']:.0f} ms (0.1 s polling)", "—"),
+        (f"{flight['requests']:,} requests in flight, 1-2 s latency", f"+{flight['rss_growth_mb']:.0f} MB RSS, "
+         f"{flight['wall_s']:.2f} s (ideal {flight['ideal_s']:.2f} s)", "—", "—"),
+    ]
+    lines = ["| measure (medians [min, max] over rounds) | ours | recipe design | verl `RateLimitedRewardManager` |",
+             "|---|---|---|---|", *(f"| {' | '.join(row)} |" for row in rows)]
+    lines.append("")
+    lines.append(f"Ours over the recipe design, sync, medians: {ratio['from_submit']:.1f}x from submit, "
+                 f"{ratio['from_pickup']:.2f}x from pickup. Machine load (1 min) before / after: "
+                 f"{report['machine']['load_average_1m_before']:.1f} / {report['machine']['load_average_1m_after']:.1f}.")
+    return "\n".join(lines)

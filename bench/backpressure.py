@@ -105,7 +105,7 @@ def storm_run(samples: int = 400, cap: int = 16, latency: float = 0.5, storm_s: 
     reached_at = None
     for step in range(1, 101):  # when, after the storm, the cap was first full again
         if stats.peak_in_flight_between(storm_end, storm_end + step * 0.1) >= cap:
-            reached_at = step * 0.1
+            reached_at = round(step * 0.1, 1)
             break
     return {
         "samples": samples,
@@ -145,3 +145,27 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def markdown(report: dict) -> str:
+    """The README's back-pressure table, from this benchmark's JSON."""
+    rows = []
+    for name in ("token_bucket", "token_bucket_whole_seconds"):
+        r = report[name]
+        rows.append(
+            f"| {r['server_limit']}, {r['samples']} samples | {r['lost']} | {r['goodput']:.1%} | "
+            f"{r['refused_after_the_agent_saw_a_429']:.1%} of {r['requests_sent_after_it']} "
+            f"({r['refused_after_the_first_429_server_view']:.0%} counting the opening burst) | "
+            f"{r['learned_pace_per_s']:.2f}/s | {r['wall_s']:.1f} s (ideal {r['ideal_s']:.1f} s) |"
+        )
+    storm = report["storm"]
+    lines = [
+        "| service | lost | goodput | refused once the agent had seen a 429 | learned pace | wall time |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"A storm ({storm['storm']}), {storm['samples']} samples at cap {storm['cap']}: {storm['lost']} lost; requests "
+        f"per Retry-After window during it {storm['requests_per_retry_after_window']}; the full cap again "
+        f"{storm['full_cap_again_after_s']} s after it.",
+    ]
+    return "\n".join(lines)

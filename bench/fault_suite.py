@@ -152,3 +152,22 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def markdown(figures: dict) -> str:
+    """The README's fault-suite table, from this benchmark's JSON."""
+    server, agent = figures["faults_injected"], figures["agent_attempt_errors"]
+    faults = ", ".join(f"{count:,}x {kind}" for kind, count in sorted(server.items(), key=lambda kv: -kv[1]))
+    errors = ", ".join(f"{count:,} {kind}" for kind, count in sorted(agent.items(), key=lambda kv: -kv[1]))
+    rows = [
+        ("samples returned / lost / duplicated / misaligned scores",
+         f"{figures['returned']:,} / {figures['lost']} / {figures['duplicated']} / {figures['misaligned_scores']}"),
+        ("server requests; what it answered besides a score", f"{figures['server_requests']:,}; {faults}"),
+        ("agent attempt errors (equal to the server's, kind by kind; `http_429` = `429` + `rate_limited`)", errors),
+        ("retries; samples still failed after retries", f"{figures['retries']:,}; {figures['failed_samples_flagged']}"),
+        ("peak concurrency at the server vs cap", f"{figures['server_peak_concurrency']} vs {figures['cap']}"),
+        ("most requests in any 1 s / 10 s window vs the agent's own limiter's bound",
+         f"{figures['max_requests_in_1s']:,} vs {figures['bound_1s']:,} / {figures['max_requests_in_10s']:,} vs {figures['bound_10s']:,}"),
+        ("wall time", f"{figures['wall_s']:.0f} s (deadline {figures['ticket_deadline_s']:.0f} s)"),
+    ]
+    return "\n".join(["| figure | value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)])
