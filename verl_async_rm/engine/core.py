@@ -12,6 +12,12 @@ Lives on one event loop and is only touched from it (the facades in ``agent.py``
   its deadline whatever its samples are doing: queued, running, waiting to retry, paused by a 429.
 - **Nothing lost.** ``take`` hands over whole groups only to a taker that receives them: a taker
   that times out or is cancelled at the moment of hand-over puts them back, in order.
+- **asyncio, not anyio.** The engine lives where verl and Ray already run asyncio (the actor's own
+  loop, verl's reward workers), and its deadlines are timers per ticket and one FIFO of attempt
+  timeouts, not nested cancel scopes: anyio's task groups and cancel scopes would add a scope per
+  request on the hot path (the zero-latency figures in bench/agent_throughput.py) for structure
+  the pipeline's single exit (``_attempt_ended``) already gives. Virtual-time tests use an
+  asyncio loop with a virtual clock (looptime) instead of trio's MockClock.
 - **Loud failure.** A ticket fails with ``FailureBudgetExceeded`` past ``max_failure_rate``; the
   whole agent (every ticket, every waiting stream member) past the same rate over its recent
   samples, ``max_hung_calls`` or ``max_throttled_s``.
