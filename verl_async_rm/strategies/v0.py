@@ -94,7 +94,7 @@ class V0Ops:
                 batch.non_tensor_batch[key] = object_array([None] * len(batch))
         if not scored.rows:
             return
-        rows = torch.as_tensor(scored.rows)
+        rows = torch.as_tensor(scored.rows, dtype=torch.long)
         lengths = valid_response_lengths(batch)[rows]
         batch.batch["token_level_scores"][rows, lengths - 1] = torch.as_tensor(scored.scores, dtype=torch.float32)
         for key, values in scored.extra_info.items():
@@ -103,6 +103,8 @@ class V0Ops:
     def advantages(self, batch: DataProto, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         """KL-in-reward, rollout correction and advantages for whole groups, as verl's loop does them."""
         trainer, algorithm = self.trainer, self.trainer.config.algorithm
+        if rows is not None and not rows:
+            return {}  # every group of this mini-batch got its advantages with an earlier one
         target = batch if rows is None else batch.select_idxs(rows)
         if algorithm.use_kl_in_reward:
             target, _ = apply_kl_penalty(target, kl_ctrl=kl, kl_penalty=algorithm.kl_penalty)  # metrics: kl.flush()
@@ -110,7 +112,7 @@ class V0Ops:
             target.batch["token_level_rewards"] = target.batch["token_level_scores"]
         if self.correction is not None:  # computed on the whole batch (policy_inputs); applied after KL, as verl
             mask, weights = self.correction
-            index = slice(None) if rows is None else torch.as_tensor(rows)
+            index = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long)
             target.batch["response_mask"] = mask[index]
             if weights is not None:
                 target.batch["rollout_is_weights"] = weights[index]
@@ -124,7 +126,7 @@ class V0Ops:
             config=algorithm,
         )
         if rows is not None:
-            index = torch.as_tensor(rows)
+            index = torch.as_tensor(rows, dtype=torch.long)
             for key in ("advantages", "returns", "token_level_rewards", "response_mask", "rollout_is_weights"):
                 if key in target.batch.keys():
                     if key not in batch.batch.keys():

@@ -101,13 +101,16 @@ class V1Ops:
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         trainer = self.trainer
         metrics: dict = {}
-        controller = trainer.kl_ctrl_in_reward
-        if kl is not None:
-            trainer.kl_ctrl_in_reward = kl  # one beta for the step; the real controller moves once
-        try:
+        if rows is not None and not rows:
+            return metrics  # every group of this mini-batch got its advantages with an earlier one
+        if kl is None:
             trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
-        finally:
-            trainer.kl_ctrl_in_reward = controller
+        else:
+            controller, trainer.kl_ctrl_in_reward = trainer.kl_ctrl_in_reward, kl  # one beta per step; see kl.py
+            try:
+                trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
+            finally:
+                trainer.kl_ctrl_in_reward = controller
         # whole-batch rollout-correction statistics come from policy_inputs, the KL ones from kl.flush
         return {k: v for k, v in metrics.items() if not k.startswith(CORRECTION_PREFIX) and k not in KL_METRICS}
 
