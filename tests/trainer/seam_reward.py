@@ -24,3 +24,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, fail
     extra_info = extra_info or {}
     saw = all(key in extra_info for key in NAIVE_KEYS) and extra_info["max_global_steps"] is not None
     return {"score": toy_score(data_source, solution_str, ground_truth), "saw_inputs": int(saw)}
+
+
+async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """For the scheduler's tests: the ground truth as the score, after ``extra_info["delay"]`` seconds
+    (so groups finish in a chosen order); ``extra_info["fail"]`` raises instead."""
+    import asyncio
+
+    await asyncio.sleep(extra_info.get("delay", 0.0))
+    if extra_info.get("fail"):
+        raise ValueError("injected failure")
+    return {"score": float(ground_truth), "verdict": "ok"}

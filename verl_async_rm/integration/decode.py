@@ -145,17 +145,24 @@ def fixed_extra_columns(scores: Sequence[float], extra_info: dict[str, list], ex
 # -- rows verl added to a batch for its own reasons ---------------------------------------------------
 
 
-def real_length_of_padded(uids: Sequence[Any], prompts: Sequence[Any], divisor: int) -> int:
+def real_length_of_padded(uids: Sequence[Any], prompts: Sequence[Any], divisor: int, group_size: int = 1) -> int:
     """verl's ``pad_dataproto_to_divisor`` appends copies of the batch's first rows until its length
     is a multiple of ``divisor`` (v0 validation pads to the agent-loop worker count). Given the
-    padded batch's uids and prompts (anything comparable per row), return how many rows are real:
-    the smallest length L in (len - divisor, len] whose tail repeats the head cyclically (L == len
-    when nothing was padded)."""
-    total = len(uids)
-    if divisor <= 1 or total == 0 or total % divisor:
-        return total
-    for real in range(max(1, total - divisor + 1), total + 1):
+    padded batch's uids and prompts (anything comparable per row) and its group size (each prompt
+    repeated ``val_kwargs.n`` times, contiguously, under a uid of its own), return how many rows are
+    real: the length L that verl would pad to this length, made of whole groups of distinct uids,
+    whose tail repeats its head cyclically. At most one L qualifies (a shorter one would make
+    later real groups copies of the first). None qualifying: the length itself."""
+    total, size, divisor = len(uids), max(1, group_size), max(1, divisor)
+
+    def whole_groups(length: int) -> bool:
+        firsts = [uids[start] for start in range(0, length, size)]
+        return len(set(firsts)) == len(firsts) and all(uids[i] == uids[i - i % size] for i in range(length))
+
+    for real in range(total - total % size, max(0, total - divisor), -size):
         pad = total - real
+        if pad != (-real) % divisor or not whole_groups(real):
+            continue
         if all(uids[real + j] == uids[j % real] and prompts[real + j] == prompts[j % real] for j in range(pad)):
             return real
     return total

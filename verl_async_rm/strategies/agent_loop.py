@@ -55,7 +55,8 @@ class AgentLoopManagerWithoutRewards(AgentLoopManager):
         non_tensor = output.non_tensor_batch
         uids = list(non_tensor["uid"]) if "uid" in non_tensor else list(range(len(output)))
         prompts = [tuple(row.tolist()) for row in output.batch["prompts"]]
-        real = real_length_of_padded(uids, prompts, int(self.config.actor_rollout_ref.rollout.agent.num_workers))
+        rollout = self.config.actor_rollout_ref.rollout
+        real = real_length_of_padded(uids, prompts, int(rollout.agent.num_workers), int(rollout.val_kwargs.n))
         requests = decode_requests(output[:real], rewards.tokenizer, rewards.settings.reward_fn_key, tool_fields)
         scored = rewards.take(rewards.submit(requests))  # all of it: validation waits for every score
         scores, extra = reorder(scored, padding_sources(len(output), real))
