@@ -302,13 +302,14 @@ class HFCPUServer:
             if global_steps is not None:
                 self.global_steps = global_steps
             self.weight_updates += 1
-            self._log("update_weights", sleeps_since_update=self.sleeps_since_update)
+            # requested: the trainer's global step (None: a re-sync, e.g. v1 validation's wake-up)
+            self._log("update_weights", sleeps_since_update=self.sleeps_since_update, requested=global_steps)
             self.sleeps_since_update = 0
             return len(state_dict)
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
-        self._log("update_weights", sleeps_since_update=self.sleeps_since_update, synced=False)
+        self._log("update_weights", sleeps_since_update=self.sleeps_since_update, requested=global_steps, synced=False)
         self.sleeps_since_update = 0
 
     async def get_state(self) -> dict[str, Any]:
