@@ -105,6 +105,7 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.utils.distributed", "initialize_global_process_group_ray", ("timeout_second", "backend"), "cpu_backend patches it"),
     ("verl.utils.model", "load_valuehead_model", ("local_path", "torch_dtype", "model_config", "trust_remote_code"),
      "cpu_backend patches it"),
+    ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy", None, "cpu_backend patches it (no pinning on CPU)"),
     ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY", None, "cpu_backend registers the hf_cpu adapter"),
     ("verl.workers.rollout.base", "BaseRollout", None, "cpu_backend"),
     ("verl.workers.rollout.replica", "RolloutReplicaRegistry", None, "cpu_backend"),

@@ -67,6 +67,7 @@ RUNS = {
                                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"], validate=True),
     ("v0", "gae"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1", *CRITIC, "critic.ppo_mini_batch_size=4",
                                "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
                                *[f"algorithm.kl_ctrl.{k}={v}" for k, v in ADAPTIVE_KL.items()]], critic=True),
     ("v0", "baseline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2"], deterministic=True, steps=2, save_freq=2),
     ("v0", "pipeline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2", *PIPELINE, *INDEX_ORDER],
