@@ -174,27 +174,21 @@ class StepScheduler:
         advantaged: set = set()
         pieces: list[list] = []
         held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken, not yet trained
-        size = plan.samples_per_mini_batch
         for part in range(plan.mini_batches):
             with self.timer("reward_wait", timing_raw, color="yellow"):
                 if not pipelined:
-                    scored = self.rewards.take(pending)
-                    piece = None
+                    scored, piece = self.rewards.take(pending), None
                 elif self.strategy.mini_batch_order == "completion":
-                    scored = self.rewards.take(pending, size)
+                    scored = self.rewards.take(pending, plan.samples_per_mini_batch)
                     piece = list(scored.rows)
-                else:  # verl's own mini-batch: rows [part*size, (part+1)*size) of the batch order
-                    piece = order[part * size : (part + 1) * size]
-                    needed = {group_of_row[row] for row in piece}
-                    while not needed <= set(held.groups) | advantaged:
-                        held.extend(self.rewards.take(pending, pending.group_size))
-                    scored, held = held.split(needed - advantaged)
+                else:
+                    scored, piece, held = self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
             ops.attach(batch, scored)
             fresh = [g for g in scored.groups if g not in advantaged]
             advantaged.update(fresh)
             with self.timer("adv", timing_raw, color="brown"):
                 rows = None if piece is None else [row for g in fresh for row in rows_of_group[g]]
-                _merge(metrics, ops.advantages(batch, rows, kl))
+                metrics.update(ops.advantages(batch, rows, kl))
             pieces.append(piece)
             for call in schedule.after_piece(part):
                 call_rows = None if not pipelined else [row for p in call.pieces for row in pieces[p]]
@@ -206,6 +200,21 @@ class StepScheduler:
             metrics.update(kl.flush())
         metrics["async_reward/pipelined"] = float(pipelined)
         return metrics
+
+    def _take_index_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
+        """verl's own mini-batch ``part``: rows [part*size, (part+1)*size) of the batch order. Takes
+        groups one at a time (they finish in any order) until every group the rows touch is scored;
+        returns (the newly needed groups' scores, the piece's rows, the groups held for later)."""
+        size = plan.samples_per_mini_batch
+        piece = order[part * size : (part + 1) * size]
+        needed = {group_of_row[row] for row in piece}
+        while not needed <= set(held.groups) | advantaged:
+            taken = self.rewards.take(pending, pending.group_size)
+            if not taken.rows:
+                raise RuntimeError(f"the rewards ran out before groups {sorted(map(str, needed))[:3]} of mini-batch {part}")
+            held.extend(taken)
+        scored, held = held.split(needed - advantaged)
+        return scored, piece, held
 
     def _update(self, ops: TrainerOps, batch, call: UpdateCall, rows, merger: MetricMerger, timing_raw: dict) -> None:
         with self.timer(f"update_{call.role}", timing_raw, color="pink" if call.role == "critic" else "red"):
@@ -221,10 +230,6 @@ class StepScheduler:
             "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / max(1, rewards.group_size),
             "async_reward/failed": rewards.failed,
         }
-
-
-def _merge(into: dict, metrics: dict) -> None:
-    into.update(metrics)
 
 
 def drawn_batches(loader, first_epoch: int, total_epochs: int) -> Iterator[tuple[int, dict, dict]]:
