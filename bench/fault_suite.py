@@ -1,7 +1,10 @@
 """Fault-injection suite: the agent against the loopback judge server, through the real openai client.
 
-10,000 samples (groups of 8) by default, with 10% 429 (Retry-After), 5% 500, 2% hangs far longer
-than the timeout and 1% malformed bodies. Prints the figures and writes bench/results/fault_suite.json:
+10,000 samples (groups of 8) by default. The server limits requests as real APIs do, with a token
+bucket (capacity 100, 120 requests/s: 429 + Retry-After past it) that the agent must discover (its
+own requests_per_minute, 9,000 = 150/s, is above it), and injects 5% 500, 2% hangs far longer than
+the timeout, 1% malformed bodies and 1% spurious 429s. Prints the figures and writes
+bench/results/fault_suite.json:
     python bench/fault_suite.py [--samples N] [--quick]
 The test suite runs the same function and asserts on the figures (tests/test_fault_suite.py).
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from user_rewards.llm_judge import JudgeReward  # noqa: E402
+from verl_async_rm.user_rewards.llm_judge import JudgeReward  # noqa: E402
 from verl_async_rm import RewardAgent  # noqa: E402
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig  # noqa: E402
 from verl_async_rm.limits import rate_bound  # noqa: E402
@@ -51,11 +54,13 @@ def run_fault_suite(
     latency: tuple[float, float] = (0.0, 0.01),
     retry_after: float = 0.05,
     max_attempts: int = 6,
+    bucket: tuple[int, float] = (100, 120.0),
     seed: int = 0,
     progress: bool = False,
 ) -> dict:
-    rates = rates or {"rate_429": 0.10, "rate_500": 0.05, "rate_hang": 0.02, "rate_malformed": 0.01}
-    server_config = JudgeServerConfig(latency=latency, retry_after_s=retry_after, hang_seconds=3600.0, seed=seed, **rates)
+    rates = rates or {"rate_429": 0.01, "rate_500": 0.05, "rate_hang": 0.02, "rate_malformed": 0.01}
+    server_config = JudgeServerConfig(latency=latency, retry_after_s=retry_after, hang_seconds=3600.0, seed=seed,
+                                      bucket_capacity=bucket[0], bucket_refill_per_s=bucket[1], **rates)
     agent_config = {
         "max_concurrency": cap,
         "request_timeout": request_timeout,

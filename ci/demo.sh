@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: installs what is needed, then runs the demo (extra args go to the demo).
+# The main job: sets everything up (ci/install.sh), then runs the training demo in that venv
+# (extra args go to the demo; `bash ci/demo.sh --help` lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
+VENV="${VERL_ASYNC_RM_VENV:-$PWD/.venv}"
 export RAY_AUTH_MODE=disabled
-python -m verl_async_rm demo "$@"
+exec "$VENV/bin/python" -m verl_async_rm demo "$@"

@@ -30,3 +30,13 @@ def gsm8k_path() -> Path:
     if not GSM8K_TEST.exists():
         pytest.fail(f"GSM8K test split not found at {GSM8K_TEST}: ../shared must sit beside the repo")
     return GSM8K_TEST
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that read ../shared are marked ``shared_data`` and may not be ``quick``: the inner loop
+    must run anywhere, while the suite (CI) fails, never skips, without the data."""
+    for item in items:
+        if "gsm8k_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_data)
+            if item.get_closest_marker("quick"):
+                raise pytest.UsageError(f"{item.nodeid} reads ../shared, so it cannot be marked quick")

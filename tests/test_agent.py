@@ -91,7 +91,7 @@ def test_timeout_fails_the_sample_with_its_name_under_raise_policy():
         batch = [{"solution_str": "x", "extra_info": {"i": i}, "uid": f"u{i}"} for i in range(6)]
         ticket = agent.submit(batch, 1)
         start = time.perf_counter()
-        with pytest.raises(RewardError, match=r"sample 3 \(ticket 0, uid 'u3'\).*TimeoutError"):
+        with pytest.raises(RewardError, match=r"sample 3 \(ticket [0-9a-f]+-0, uid 'u3'\).*TimeoutError"):
             agent.get_all(ticket, timeout=10)
         assert time.perf_counter() - start < 5
         with pytest.raises(RewardError):  # the ticket stays failed
@@ -169,7 +169,7 @@ def test_bad_input_and_config_fail_at_once():
         with pytest.raises(ValueError, match="not a multiple of the group size 2"):
             agent.get(ticket, 3)
         with pytest.raises(KeyError, match="unknown ticket"):
-            agent.get(99, 2)
+            agent.get("not-a-ticket", 2)
         assert len(agent.get_all(ticket)) == 4
         assert len(agent.get(ticket, 2)) == 0  # drained: empty, not an error
         assert len(agent.get_all(agent.submit([], 1))) == 0
@@ -243,9 +243,46 @@ def test_cancel_stops_a_tickets_calls_and_fails_its_gets():
             agent.get(ticket)
         assert agent.cancel(ticket) == 0  # idempotent
         with pytest.raises(KeyError):
-            agent.cancel(ticket + 1)
+            agent.cancel(ticket + "-not-issued")
         metrics = agent.metrics()
         assert (metrics["cancelled"], metrics["pending"], metrics["in_flight"], metrics["open_tickets"]) == (8, 0, 0, 0)
         assert state == {"started": 8, "cancelled": 8}
         # the agent goes on serving other tickets
         assert sorted(agent.get_all(agent.submit(batch[:4], group_size=4)).indices) == [0, 1, 2, 3]
+
+
+def test_a_get_interrupted_at_the_moment_of_hand_over_loses_nothing(monkeypatch):
+    """The worst moment, forced every other time: the caller of aget is cancelled right as its groups
+    arrive. They must go back, in order, and the ticket must not retire meanwhile (issue 11 item 1)."""
+    from verl_async_rm import agent as agent_module
+
+    real_deliver = agent_module._HandOver.deliver
+    state = {"calls": 0, "caller": None, "loop": None}
+
+    def deliver_then_interrupt(self, result, error):
+        delivered = real_deliver(self, result, error)
+        state["calls"] += 1
+        if delivered and result and state["calls"] % 2:
+            state["loop"].call_soon_threadsafe(state["caller"].cancel)  # before the caller can run
+        return delivered
+
+    monkeypatch.setattr(agent_module._HandOver, "deliver", deliver_then_interrupt)
+    with RewardAgent.from_file(EXAMPLES, "async_plain", {"max_concurrency": 8}) as agent:
+        ticket = agent.submit(items(64, 4), 4)
+
+        async def drain():
+            state["loop"] = asyncio.get_running_loop()
+            seen, interrupted = [], 0
+            while True:
+                state["caller"] = asyncio.ensure_future(agent.aget(ticket, 8))
+                try:
+                    chunk = await state["caller"]
+                except asyncio.CancelledError:
+                    interrupted += 1
+                    continue
+                if not len(chunk):
+                    return seen, interrupted
+                seen += chunk.indices
+
+        seen, interrupted = asyncio.run(asyncio.wait_for(drain(), 30))
+    assert interrupted >= 4 and sorted(seen) == list(range(64))

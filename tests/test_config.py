@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
+import looptime
 import pytest
 
 from verl_async_rm import AgentConfig, RewardAgent
+from verl_async_rm.agent import AsyncRewardAgent
 
 pytestmark = pytest.mark.quick
 
@@ -44,8 +46,6 @@ def test_bad_settings_fail_when_the_agent_is_built(settings, match):
 def test_mismatched_options_fail_when_the_agent_is_built():
     with pytest.raises(ValueError, match="executor='process' is for sync"):
         RewardAgent(reward, {"executor": "process"})
-    with pytest.raises(ValueError, match="token_estimator"):
-        RewardAgent(reward, {"tokens_per_minute": 1000})
 
 
 def test_defaults_are_sensible():
@@ -56,18 +56,37 @@ def test_defaults_are_sensible():
     assert AgentConfig.from_mapping(None) == config
 
 
+def paced(config, items, token_estimator=None) -> float:
+    """Seconds (virtual) to score ``items`` through an agent with ``config``."""
+
+    async def scenario():
+        async with AsyncRewardAgent(reward, config, token_estimator=token_estimator) as agent:
+            start = asyncio.get_running_loop().time()
+            await agent.get_all(agent.submit(items, 1))
+            return asyncio.get_running_loop().time() - start
+
+    loop = looptime.new_event_loop()
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
 def test_tokens_per_minute_budget_paces_requests():
-    # 6,000 tokens/min: a bucket of 100 tokens draining ~98/s; four 50-token requests need ~1 s.
-    with RewardAgent(reward, {"tokens_per_minute": 6000}, token_estimator=lambda item: 50) as agent:
-        start = time.perf_counter()
-        agent.get_all(agent.submit([{"solution_str": "x"}] * 4, 1), timeout=10)
-        elapsed = time.perf_counter() - start
-    assert 0.9 < elapsed < 2.0
+    # 6,000 tokens/min: a bucket of 100 tokens draining 98.33/s; four 50-token requests: the first two
+    # fit at once, the other two wait for 50 tokens each to drain.
+    elapsed = paced({"tokens_per_minute": 6000}, [{"solution_str": "x"}] * 4, token_estimator=lambda item: 50)
+    assert elapsed == pytest.approx(100 / 98.3333, rel=1e-3)
 
 
 def test_requests_per_minute_paces_requests():
-    with RewardAgent(sync_reward, {"requests_per_minute": 600}) as agent:  # bucket of 10, ~9.8/s after
-        start = time.perf_counter()
-        agent.get_all(agent.submit([{"solution_str": "x"}] * 20, 1), timeout=10)
-        elapsed = time.perf_counter() - start
-    assert 0.9 < elapsed < 2.0
+    # 600/min: a bucket of 10 draining 9.833/s; 20 requests: 10 at once, 10 more at the drain rate.
+    elapsed = paced({"requests_per_minute": 600}, [{"solution_str": "x"}] * 20)
+    assert elapsed == pytest.approx(10 / 9.8333, rel=1e-3)
+
+
+def test_tokens_per_minute_works_from_config_alone():
+    """No estimator given: ~4 characters a token. 196-character responses are 50 tokens, so this is
+    the first test's pacing, from configuration alone."""
+    elapsed = paced({"tokens_per_minute": 6000}, [{"solution_str": "x" * 196}] * 4)
+    assert elapsed == pytest.approx(100 / 98.3333, rel=1e-3)

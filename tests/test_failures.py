@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from user_rewards.llm_judge import JudgeReward
+from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RetryableError, RewardAgent, RewardError
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
 
@@ -48,14 +48,24 @@ def one(n=1, group_size=1):
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}
 
 
-@pytest.mark.parametrize("error", [HttpError(429), HttpError(500), HttpError(503), TimeoutError(), ConnectionError(),
-                                   RetryableError("flaky")])
+@pytest.mark.parametrize("error", [HttpError(500), TimeoutError(), ConnectionError(), RetryableError("flaky")])
 def test_retryable_failures_are_retried(error):
     reward = Scripted([error, error])
     with RewardAgent(reward, {**FAST, "max_attempts": 3}) as agent:
         chunk = agent.get_all(agent.submit(one(), 1), timeout=10)
         metrics = agent.metrics()
     assert chunk.scores == [1.0] and len(reward.calls[0]) == 3 and metrics["retries"] == 2
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_throttles_are_flow_control_and_do_not_use_up_attempts(status):
+    """Five 429s (or 503s) in a row with max_attempts=2: still scored; they are throttles, not retries."""
+    reward = Scripted([HttpError(status, retry_after=0.01)] * 5)
+    with RewardAgent(reward, {**FAST, "max_attempts": 2}) as agent:
+        chunk = agent.get_all(agent.submit(one(), 1), timeout=10)
+        metrics = agent.metrics()
+    assert chunk.scores == [1.0] and len(reward.calls[0]) == 6
+    assert metrics["throttled"] == 5 and metrics["retries"] == 0 and metrics["failed"] == 0
 
 
 @pytest.mark.parametrize("error", [HttpError(400), HttpError(401), HttpError(403), HttpError(404), ValueError("bug")])
@@ -75,14 +85,18 @@ def test_attempts_are_bounded_and_the_last_error_is_reported():
     assert len(reward.calls[0]) == 4
 
 
-def test_retry_after_is_honoured_and_429_cuts_the_effective_cap():
+def test_retry_after_pauses_every_request_of_the_agent():
+    """A 429 on one sample pauses the others too: nobody sends before its Retry-After."""
     reward = Scripted([HttpError(429, retry_after=0.3)])
-    with RewardAgent(reward, {**FAST, "max_concurrency": 8}) as agent:
-        agent.get_all(agent.submit(one(), 1), timeout=10)
+    with RewardAgent(reward, {**FAST, "backoff_max": 1.0, "max_concurrency": 8}) as agent:
+        agent.get_all(agent.submit(one(1), 1), timeout=10)  # the throttled one
+        reward.script = []
+        later = agent.submit([{"solution_str": "x", "extra_info": {"i": 10 + i}} for i in range(4)], 1)
+        agent.get_all(later, timeout=10)
         metrics = agent.metrics()
     first, second = reward.calls[0]
-    assert second - first >= 0.3  # backoff never shorter than Retry-After
-    assert metrics["throttled"] == 1 and metrics["effective_cap"] == 4
+    assert second - first >= 0.3  # the throttled request waited for Retry-After
+    assert metrics["throttled"] == 1 and metrics["retries"] == 0
 
 
 def test_real_openai_404_is_not_retried_and_429_is(tmp_path):
@@ -93,11 +107,11 @@ def test_real_openai_404_is_not_retried_and_429_is(tmp_path):
             assert agent.metrics()["attempt_errors_by_kind"] == {"http_404": 1}
         assert isinstance(chunk.extra_info["reward_error"][0], str) and "NotFoundError" in chunk.extra_info["reward_error"][0]
         throttled = JudgeReward(base_url=server.base_url, api_key="k", model="m")
-        with RewardAgent(throttled, {**FAST, "max_attempts": 3}) as agent:
-            chunk = agent.get_all(agent.submit(one(), 1), timeout=10)
-            assert agent.metrics()["attempt_errors_by_kind"] == {"http_429": 3}
-        assert server.stats().outcomes["429"] == 3
-        assert chunk.extra_info["reward_failure"] == ["http_429"]
+        with RewardAgent(throttled, {**FAST, "max_attempts": 3, "max_throttled_s": 0.5}) as agent:
+            with pytest.raises(RewardError, match=r"every answer for \d+s was a throttle \(http_429"):
+                agent.get_all(agent.submit(one(), 1), timeout=10)
+            assert agent.metrics()["attempt_errors_by_kind"]["http_429"] >= 3
+        assert server.stats().outcomes["429"] >= 3
 
 
 def test_deadline_settles_pending_samples_by_the_policy():
@@ -193,14 +207,14 @@ def test_cache_is_off_by_default():
 def test_judge_class_and_function_against_the_server(monkeypatch):
     with JudgeServer(JudgeServerConfig(latency=(0.0, 0.02))) as server:
         batch = [{"solution_str": f"#### {v}", "ground_truth": "7", "uid": 0} for v in (7, 8, 7, 9)]
-        with RewardAgent.from_file("user_rewards/llm_judge.py", "JudgeReward",
+        with RewardAgent.from_file("verl_async_rm/user_rewards/llm_judge.py", "JudgeReward",
                                    reward_kwargs={"base_url": server.base_url, "api_key": "k", "model": "m"}) as agent:
             chunk = agent.get_all(agent.submit(batch, 4), timeout=10)
         assert chunk.scores == [1.0, 0.0, 1.0, 0.0] and chunk.extra_info["judge_reply"] == ["1", "0", "1", "0"]
         monkeypatch.setenv("JUDGE_BASE_URL", server.base_url)
         monkeypatch.setenv("JUDGE_API_KEY", "k")
         monkeypatch.setenv("JUDGE_MODEL", "m")
-        with RewardAgent.from_file("user_rewards/llm_judge.py", "compute_score") as agent:
+        with RewardAgent.from_file("verl_async_rm/user_rewards/llm_judge.py", "compute_score") as agent:
             chunk = agent.get_all(agent.submit(batch, 4), timeout=10)
         assert chunk.scores == [1.0, 0.0, 1.0, 0.0]
         assert server.stats().outcomes["ok"] == 8
@@ -209,7 +223,8 @@ def test_judge_class_and_function_against_the_server(monkeypatch):
 def test_judge_malformed_replies_are_retried_not_scored():
     with JudgeServer(JudgeServerConfig(rate_malformed=1.0)) as server:
         judge = JudgeReward(base_url=server.base_url, api_key="k", model="m")
-        with RewardAgent(judge, {**FAST, "max_attempts": 2, "failure_policy": "fill", "fill_value": 0.5}) as agent:
+        config = {**FAST, "max_attempts": 2, "failure_policy": "fill", "fill_value": 0.5, "max_failure_rate": 1.0}
+        with RewardAgent(judge, config) as agent:
             chunk = agent.get_all(agent.submit(one(6), 1), timeout=10)
             metrics = agent.metrics()
     assert chunk.scores == [0.5] * 6 and set(chunk.extra_info["reward_failure"]) == {"malformed"}
@@ -222,7 +237,8 @@ def test_judge_group_hook_replaces_unusable_scores_by_the_group_mean():
     assert hook(None, [-1.0, float("nan")]) == [0.0, 0.0]
 
 
-def test_judge_needs_its_settings():
-    with pytest.raises(ValueError, match="api_key and model"):
+def test_judge_needs_its_settings(monkeypatch):
+    monkeypatch.delenv("JUDGE_MODEL", raising=False)
+    with pytest.raises(ValueError, match="needs a model"):
         JudgeReward(base_url="http://127.0.0.1:9/v1")
     assert issubclass(openai.RateLimitError, openai.APIStatusError)

@@ -1,4 +1,5 @@
-"""The fault-injection suite: real HTTP, real openai client, 10% 429, 5% 500, 2% hangs, 1% malformed."""
+"""The fault-injection suite: real HTTP, real openai client, a token-bucket limit to discover, 5% 500, 2% hangs,
+1% malformed, 1% spurious 429."""
 
 from __future__ import annotations
 
@@ -22,13 +23,18 @@ def check(figures: dict) -> None:
     assert figures["max_requests_in_1s"] <= rate_bound(rpm, 1.02)
     assert figures["max_requests_in_10s"] <= rate_bound(rpm, 10.02)
     server, agent = figures["faults_injected"], figures["agent_attempt_errors"]
+    assert server.get("rate_limited", 0) > 0, "the server's token bucket never refused: the suite would prove nothing"
+    throttles = server.get("rate_limited", 0) + server.get("429", 0)
+    assert agent.get("http_429", 0) == throttles == figures["throttled"], (server, agent)
     for server_kind, agent_kind in [("429", "http_429"), ("500", "http_500"), ("hang", "timeout"), ("malformed", "malformed")]:
         assert server.get(server_kind, 0) > 0, f"no {server_kind} injected: the suite would prove nothing"
+    for server_kind, agent_kind in [("500", "http_500"), ("hang", "timeout"), ("malformed", "malformed")]:
         assert agent.get(agent_kind, 0) == server[server_kind], (server_kind, server, agent)
     assert set(agent) == {"http_429", "http_500", "timeout", "malformed"}
     assert figures["server_ok"] == figures["agent_completed"]
     assert figures["agent_completed"] + figures["failed_samples_flagged"] == samples
-    assert figures["retries"] == sum(agent.values()) - figures["failed_samples_flagged"]
+    # 429s are flow control: they are not retries and use up no attempt
+    assert figures["retries"] == sum(agent.values()) - agent["http_429"] - figures["failed_samples_flagged"]
 
 
 def test_fault_suite_1k():

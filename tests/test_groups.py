@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.groups import GroupResult, TicketLedger, assemble_chunk
+from verl_async_rm.engine.ledger import GroupResult, SettledGroup, StreamGroups, TicketLedger, assemble_chunk
 from verl_async_rm.outcome import Failed, RewardError, Scored
-from verl_async_rm.policy import resolve_group
+from verl_async_rm.policy import Fill, Neutral, Raise, failure_policy, resolve_group
 
 pytestmark = pytest.mark.quick
 
@@ -30,9 +30,12 @@ def ticket_plans(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(ticket_plans())
-def test_every_sample_once_whole_groups_sorted(plan):
+@given(ticket_plans(), st.lists(st.booleans(), max_size=40))
+def test_every_sample_once_whole_groups_sorted(plan, give_backs):
+    """Whatever the settle order and chunk sizes, and whether a taker gives a hand-over back (it timed
+    out at that moment), every sample is handed out exactly once, in whole groups."""
     group_size, uid_of, settle_order, chunk_groups = plan
+    give_back = iter(give_backs)
     ledger = TicketLedger(sorted(uid_of.items()), group_size)
     taken: list[int] = []
     requests = itertools.cycle(chunk_groups)
@@ -44,6 +47,11 @@ def test_every_sample_once_whole_groups_sorted(plan):
             assert group.indices == sorted(group.indices)
             ledger.mark_ready(GroupResult(group.key, group.indices, [o.score for o in group.outcomes], [{}] * group_size))
         got = ledger.take(want)  # the pending get is retried after every event, as the engine does
+        if got is not None and next(give_back, False):
+            ledger.put_back(got)  # the taker timed out as it was served: the groups go back, in order
+            again = ledger.take(want)
+            assert [g.indices for g in again] == [g.indices for g in got]
+            got = again
         if got is not None:
             chunk = assemble_chunk(got)
             assert chunk.indices == sorted(chunk.indices)
@@ -114,13 +122,11 @@ outcomes = st.lists(
 
 @given(outcomes, st.floats(-1, 1), st.floats(-1, 1))
 def test_failure_policies(group_outcomes, fill_value, neutral_value):
-    from verl_async_rm.groups import SettledGroup
-
     group = SettledGroup("g", list(range(len(group_outcomes))), group_outcomes)
     ok = [o.score for o in group_outcomes if isinstance(o, Scored)]
     failed = [isinstance(o, Failed) for o in group_outcomes]
 
-    neutral = resolve_group(group, "neutral", neutral_value=neutral_value)
+    neutral = resolve_group(group, Neutral(neutral_value))
     expected_sub = sum(ok) / len(ok) if ok else neutral_value
     for o, score, extra, f in zip(group_outcomes, neutral.scores, neutral.extras, failed):
         assert extra["reward_failed"] == int(f)
@@ -130,11 +136,62 @@ def test_failure_policies(group_outcomes, fill_value, neutral_value):
     if ok:  # zero advantage: the group mean is unchanged by the substitutes
         assert math.isclose(sum(neutral.scores) / len(neutral.scores), sum(ok) / len(ok), abs_tol=1e-9)
 
-    filled = resolve_group(group, "fill", fill_value=fill_value)
+    filled = resolve_group(group, Fill(fill_value))
     assert [s for s, f in zip(filled.scores, failed) if f] == [fill_value] * sum(failed)
 
     if any(failed):
         with pytest.raises(RewardError, match="sample failed"):
-            resolve_group(group, "raise")
+            resolve_group(group, Raise())
     else:
-        assert resolve_group(group, "raise").scores == ok
+        assert resolve_group(group, Raise()).scores == ok
+
+
+def test_policies_are_built_from_their_names():
+    assert failure_policy("neutral", neutral_value=0.5) == Neutral(0.5)
+    assert failure_policy("fill", fill_value=-1) == Fill(-1)
+    assert failure_policy("raise") == Raise()
+    with pytest.raises(ValueError, match="unknown failure policy"):
+        failure_policy("zero")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["join", "close", "settle"])), max_size=60),
+       st.integers(1, 4))
+def test_streamed_groups_resolve_once_with_every_member(events, size):
+    """Open membership: members join one at a time, a group closes at its size or when closed early,
+    and settles once every member of it has an outcome; a member after an early close starts a new
+    group (counted), so nothing waits forever and no member is lost or answered twice."""
+    stream = StreamGroups()
+    entries: dict[str, list[list]] = {}  # key -> every group under it: [group, unsettled positions]
+    joined = settled = 0
+    resolved: list[int] = []
+    for key, event in events:
+        groups = entries.setdefault(key, [])
+        if event == "join":
+            group, position = stream.add(("uid", key), size)
+            if not groups or groups[-1][0] is not group:
+                groups.append([group, []])
+            groups[-1][1].append(position)
+            joined += 1
+        elif groups and event == "close" and not groups[-1][0].closed:
+            if stream.close(groups[-1][0]):
+                resolved.append(len(groups[-1][0].members))
+        elif event == "settle":
+            for group, unsettled in groups:
+                if unsettled:
+                    settled += 1
+                    if group.settle(unsettled.pop(0), Scored(1.0)):
+                        resolved.append(len(group.members))
+                        assert group.settled().indices == list(range(len(group.members)))  # arrival order
+                    break
+    for groups in entries.values():  # finish: close and settle everything left
+        for group, unsettled in groups:
+            if not group.closed and stream.close(group):
+                resolved.append(len(group.members))
+            while unsettled:
+                settled += 1
+                if group.settle(unsettled.pop(0), Scored(1.0)):
+                    resolved.append(len(group.members))
+    assert sum(resolved) == joined == settled
+    assert all(1 <= n <= size for n in resolved)
+    assert stream.open_groups == 0

@@ -256,7 +256,6 @@ def test_malformed_replies(kind):
     assert classify(result) == "malformed"
 
 
-@pytest.mark.quick
 def test_hang_times_out_client_and_handler_is_released():
     async def go(server):
         async with client_for(server, timeout=0.3) as c:
@@ -360,7 +359,6 @@ def test_same_seed_same_fault_sequence():
     assert runs[0] == runs[1] and len(set(runs[0])) >= 3
 
 
-@pytest.mark.quick
 def test_peak_concurrency_equals_concurrent_requests():
     n = 24
 
@@ -375,7 +373,6 @@ def test_peak_concurrency_equals_concurrent_requests():
     assert stats.peak_in_flight == n and stats.in_flight == 0
 
 
-@pytest.mark.quick
 def test_sliding_window_and_stats_endpoints():
     async def burst(c, k):
         await asyncio.gather(*(ask(c) for _ in range(k)))
@@ -402,7 +399,6 @@ def test_sliding_window_and_stats_endpoints():
         assert server.stats().max_requests_in_window(1.0) == 0
 
 
-@pytest.mark.quick
 def test_rpm_limit_rejects_excess_with_retry_after():
     async def go(server):
         async with client_for(server) as c:
@@ -492,3 +488,268 @@ def test_start_failure_is_raised_and_restart_works():
         with server:
             assert http_json(root(server) + "/stats")["requests"] == 0
     assert not any(t.name == "judge-server" for t in threading.enumerate())
+
+
+# ----------------------------------------------------------------------------- flow control: pure
+
+
+def brute_force_tokens(start: float, capacity: int, rate: float, accepted: list[float], t: float) -> float:
+    """Tokens just before ``t`` of a bucket full at ``start``, by the (sigma, rho)-regulator identity
+    tokens(t) = min over s of (C + r (t - s) - accepted in [s, t)), s in {start} and the accept times:
+    an independent definition of the clamped bucket, not a replay of its code."""
+    candidates = [start, *accepted]
+    return min(capacity + rate * (t - s) - sum(1 for a in accepted if s <= a < t) for s in candidates)
+
+
+@pytest.mark.quick
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    st.lists(st.integers(0, 1000), max_size=40).map(lambda xs: sorted(x / 100 for x in xs)),
+    st.integers(1, 5),
+    st.sampled_from([0.5, 1.0, 2.0, 3.0, 10.0]),
+)
+def test_token_bucket_matches_its_definition_and_retry_after_is_exact(times, capacity, rate):
+    import copy
+
+    from verl_async_rm.judge_server import TokenBucket
+
+    bucket = TokenBucket(capacity, rate, now=0.0)
+    accepted: list[float] = []
+    for t in times:
+        before = copy.deepcopy(bucket)
+        wait = bucket.try_take(t)
+        tokens = brute_force_tokens(0.0, capacity, rate, [a for a in accepted if a <= t], t + 1e-12)
+        if wait == 0.0:
+            assert tokens >= 1 - 1e-6, (t, tokens)
+            accepted.append(t)
+        else:
+            assert tokens < 1 + 1e-6, (t, tokens)
+            assert wait == pytest.approx((1 - tokens) / rate, abs=1e-6)  # the time until a token exists
+            assert copy.deepcopy(before).try_take(t + wait) == 0.0  # waiting exactly Retry-After succeeds
+            if wait > 1e-5:
+                assert copy.deepcopy(before).try_take(t + wait * 0.999) > 0  # a bit less does not
+    for i, a in enumerate(accepted):  # no window ever holds more than C + r * width
+        for b in accepted[i:]:
+            assert sum(1 for x in accepted if a <= x <= b) <= capacity + rate * (b - a) + 1e-6
+
+
+@pytest.mark.quick
+def test_retry_after_header_is_rounded_up_and_storms_are_half_open():
+    from verl_async_rm.judge_server import retry_after_header, storm_retry_after
+
+    assert retry_after_header(0.3333333) == 0.334 and retry_after_header(0.05) == 0.05 and retry_after_header(0.07) == 0.07
+    assert retry_after_header(2.0) == 2.0 and retry_after_header(-1.0) == 0.0
+    assert retry_after_header(0.001, whole_seconds=True) == 1.0 and retry_after_header(2.0, whole_seconds=True) == 2.0
+    assert retry_after_header(2.0001, whole_seconds=True) == 3.0
+    storms = [(10.0, 30.0, 5.0), (40.0, 41.0, 1.5)]
+    assert [storm_retry_after(storms, t) for t in (9.99, 10.0, 29.99, 30.0, 40.5, 41.0)] == [None, 5.0, 5.0, None, 1.5, None]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"bucket_capacity": 0},
+        {"bucket_capacity": 2.5},
+        {"bucket_capacity": 3, "bucket_refill_per_s": 0},
+        {"storm_start_s": 1.0},  # no duration
+        {"storm_start_s": -1.0, "storm_duration_s": 1.0},
+        {"storm_retry_after_s": -1.0},
+        {"error_body_bytes": 10},  # too small for the envelope
+        {"max_records": 0},
+    ],
+)
+def test_flow_control_config_validation(kwargs):
+    with pytest.raises(ValueError):
+        JudgeServerConfig(**kwargs)
+
+
+@pytest.mark.quick
+def test_stats_helpers_on_hand_made_records():
+    from verl_async_rm.judge_server import JudgeStats, RequestRecord
+
+    recs = (
+        RequestRecord(0.0, "ok", 1.0),
+        RequestRecord(0.5, "ok", 2.0),
+        RequestRecord(0.6, "rate_limited", 0.6),
+        RequestRecord(0.7, "ok", 1.5),
+        RequestRecord(1.2, "storm", 1.2),
+        RequestRecord(3.0, "ok", None),  # still in flight
+    )
+    outcomes = dict.fromkeys(OUTCOMES, 0) | {"ok": 4, "rate_limited": 1, "storm": 1}
+    s = JudgeStats(requests=6, in_flight=1, peak_in_flight=3, outcomes=outcomes, arrivals=(), records=recs)
+    assert (s.accepted, s.rejected) == (4, 2)
+    assert s.first_throttle_at == 0.6
+    assert s.throttled_share_after_first_throttle() == pytest.approx(1 / 3)  # of 0.7, 1.2, 3.0: one 429
+    assert s.count("ok") == 4 and s.count(("ok", "storm"), 0.6, 2.0) == 2
+    assert s.arrivals_per_window(0.0, 2.0, 0.5) == [1, 3, 1, 0]
+    assert [s.in_flight_at(t) for t in (0.0, 0.55, 0.8, 1.0, 1.6, 5.0)] == [1, 2, 3, 2, 1, 1]
+    assert s.peak_in_flight_between(0.0, 2.5) == 3 and s.peak_in_flight_between(1.6, 2.9) == 1
+    assert s.peak_in_flight_between(2.5, 10.0) == 1
+
+
+# ----------------------------------------------------------------------------- flow control: real HTTP
+
+
+async def outcome_of(c: openai.AsyncOpenAI):
+    """(kind, Retry-After header or None) as the client sees it."""
+    try:
+        await ask(c)
+        return "ok", None
+    except openai.RateLimitError as e:
+        return "429", e.response.headers.get("retry-after")
+
+
+def test_token_bucket_server_rejects_with_exact_retry_after_and_admits_after_it():
+    async def go(server):
+        async with client_for(server) as c:
+            burst = [await outcome_of(c) for _ in range(6)]
+            wait = float(burst[-1][1])
+            await asyncio.sleep(wait)  # exactly the Retry-After: the token must be there
+            after = await outcome_of(c)
+            immediately = await outcome_of(c)  # that token was the only one
+            return burst, wait, after, immediately
+
+    # capacity 4, refill 2/s: 4 at once, then one every 0.5 s
+    with JudgeServer(JudgeServerConfig(bucket_capacity=4, bucket_refill_per_s=2.0)) as server:
+        t0 = time.monotonic()
+        burst, wait, after, immediately = asyncio.run(go(server))
+        stats = server.stats()
+    assert [k for k, _ in burst] == ["ok"] * 4 + ["429"] * 2
+    assert 0.3 < wait <= 0.5  # the time until the next token (the burst itself took some of it)
+    assert after == ("ok", None) and immediately[0] == "429"
+    assert stats.outcomes["rate_limited"] == 3 and stats.outcomes["ok"] == 5
+    assert (stats.accepted, stats.rejected) == (5, 3)
+    assert stats.first_throttle_at is not None and stats.first_throttle_at >= t0
+    # the server's own account of what it accepted never exceeds C + r * (time span)
+    ok_times = [r.arrived for r in stats.records if r.outcome == "ok"]
+    assert len(ok_times) <= 4 + 2.0 * (ok_times[-1] - ok_times[0]) + 1e-6
+
+
+@pytest.mark.quick
+def test_whole_second_retry_after_option():
+    async def go(server):
+        async with client_for(server) as c:
+            return [await outcome_of(c) for _ in range(3)]
+
+    with JudgeServer(JudgeServerConfig(bucket_capacity=1, bucket_refill_per_s=4.0, retry_after_whole_seconds=True)) as server:
+        seen = asyncio.run(go(server))
+    assert seen[0] == ("ok", None) and seen[1] == ("429", "1") and seen[2] == ("429", "1")  # 0.25 s rounded up
+
+
+def test_storm_refuses_everything_inside_its_window_only():
+    async def go(server):
+        async with client_for(server) as c:
+            before = await outcome_of(c)
+            start, end = server.start_storm(0.6, retry_after_s=2.5, delay_s=0.2)
+            await asyncio.sleep(max(0.0, start - time.monotonic()) + 0.05)
+            during = [await outcome_of(c) for _ in range(5)]
+            await asyncio.sleep(max(0.0, end - time.monotonic()) + 0.05)
+            after = await outcome_of(c)
+            return before, during, after, (start, end)
+
+    with JudgeServer(JudgeServerConfig(bucket_capacity=100, bucket_refill_per_s=1.0)) as server:
+        before, during, after, window = asyncio.run(go(server))
+        stats = server.stats()
+    assert before == ("ok", None) and after == ("ok", None)
+    assert during == [("429", "2.5")] * 5
+    assert stats.outcomes["storm"] == 5 and stats.storms == ((*window, 2.5),)
+    assert stats.arrivals_per_window(window[0], window[1], 0.6) == [5]
+    # refused requests took no token: 2 accepted of a 100-token bucket, and the rest still there
+    assert stats.accepted == 2 and stats.rejected == 5
+
+
+def test_configured_storm_and_storm_endpoint():
+    cfg = JudgeServerConfig(storm_start_s=0.0, storm_duration_s=0.3, storm_retry_after_s=7)
+    with JudgeServer(cfg) as server:
+        first = asyncio.run(_one_outcome(server))
+        time.sleep(0.35)
+        second = asyncio.run(_one_outcome(server))
+        reply = http_json(root(server) + "/storm?duration=5&retry_after=0.25", method="POST")
+        third = asyncio.run(_one_outcome(server))
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            http_json(root(server) + "/storm?duration=-1", method="POST")
+    assert first == ("429", "7") and second == ("ok", None) and third == ("429", "0.25")
+    assert reply["starts_in_s"] <= 0 and 4 < reply["ends_in_s"] <= 5 and bad.value.code == 400
+
+
+async def _one_outcome(server):
+    async with client_for(server) as c:
+        return await outcome_of(c)
+
+
+@pytest.mark.quick
+def test_large_error_body_on_injected_500s():
+    size = 1_000_000
+
+    async def go(server):
+        async with client_for(server) as c:
+            with pytest.raises(openai.InternalServerError) as ei:
+                await ask(c)
+            return ei.value
+
+    with JudgeServer(JudgeServerConfig(rate_500=1.0, error_body_bytes=size)) as server:
+        err = asyncio.run(go(server))
+        assert server.stats().outcomes["500"] == 1
+    assert len(err.response.content) == size
+    assert err.body["message"].startswith("Injected internal error") and len(str(err)) > size - 200
+
+
+def test_records_give_concurrency_over_time():
+    async def go(server):
+        async with client_for(server) as c:
+            await asyncio.gather(*(ask(c) for _ in range(6)))  # all in flight together for 0.3 s
+            mid = time.monotonic()
+            await ask(c)
+            return mid
+
+    with JudgeServer(JudgeServerConfig(latency=0.3)) as server:
+        t0 = time.monotonic()
+        mid = asyncio.run(go(server))
+        stats = server.stats()
+    assert len(stats.records) == 7 and all(r.outcome == "ok" and r.finished > r.arrived for r in stats.records)
+    assert stats.peak_in_flight_between(t0, mid) == 6
+    assert stats.peak_in_flight_between(mid, time.monotonic()) == 1
+    assert stats.in_flight_at(mid + 0.15) == 1 and stats.throttled_share_after_first_throttle() == 0.0
+
+
+@pytest.mark.quick
+def test_records_are_bounded():
+    async def go(server):
+        async with client_for(server) as c:
+            for _ in range(12):
+                await ask(c)
+
+    with JudgeServer(JudgeServerConfig(max_records=5)) as server:
+        asyncio.run(go(server))
+        stats = server.stats()
+    assert stats.requests == 12 and len(stats.records) == 5 and stats.records[-1].arrived == stats.arrivals[-1]
+
+
+def test_cli_flow_control_flags():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl_async_rm.judge_server", "--bucket-capacity", "3", "--bucket-refill", "0.5",
+         "--retry-after-whole-seconds", "--storm", "30:5", "--storm-retry-after", "2", "--error-body-bytes", "4096"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        base_url = proc.stdout.readline().strip()
+
+        async def go():
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="t", max_retries=0, timeout=5) as c:
+                return [await outcome_of(c) for _ in range(5)]
+
+        seen = asyncio.run(go())
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    counters = json.loads(out.strip().splitlines()[-1])
+    assert proc.returncode == 0, err
+    assert seen == [("ok", None)] * 3 + [("429", "2")] * 2  # 1 / 0.5 s = 2 s until the next token
+    assert counters["outcomes"]["rate_limited"] == 2 and counters["rejected"] == 2 and counters["storms"] == 1
+    bad = subprocess.run([sys.executable, "-m", "verl_async_rm.judge_server", "--error-body-bytes", "5"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert bad.returncode == 2 and "error_body_bytes" in bad.stderr

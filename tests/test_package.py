@@ -29,7 +29,7 @@ def test_cli_scores_a_file_with_summary(tmp_path):
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cmd = [
         sys.executable, "-m", "verl_async_rm", "score", "--input", str(src), "--group-size", "2",
-        "--reward-file", str(ROOT / "user_rewards" / "gsm8k.py"), "--reward-name", "compute_score",
+        "--reward-file", str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py"), "--reward-name", "compute_score",
         "--set", "max_concurrency=4", "--output", str(tmp_path / "out.jsonl"), "--summary-json", str(tmp_path / "s.json"),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -44,6 +44,6 @@ def test_cli_bad_config_is_a_clear_error(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"solution_str": "x"}\n')
     cmd = [sys.executable, "-m", "verl_async_rm", "score", "--input", str(src),
-           "--reward-file", str(ROOT / "user_rewards" / "gsm8k.py"), "--set", "max_concurency=4"]
+           "--reward-file", str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py"), "--set", "max_concurency=4"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "max_concurency" in result.stderr and "Traceback" not in result.stderr

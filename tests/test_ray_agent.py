@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from tests.conftest import REWARDS
 from verl_async_rm.loader import RewardSpec
-from verl_async_rm.ray_agent import get_or_create_agent_actor
+from verl_async_rm.ray_agent import RayRewardClient, get_or_create_agent_actor
 
 pytestmark = pytest.mark.ray
 
@@ -17,7 +18,8 @@ def test_named_actor_is_shared_and_get_awaits(ray_session):
     ray = ray_session
     spec = RewardSpec(str(REWARDS / "examples.py"), "Stateful", {"offset": 0.0})
     actor = get_or_create_agent_actor(spec, {"max_concurrency": 4}, name="agent-under-test")
-    same = get_or_create_agent_actor(None, name="agent-under-test")  # looked up by name, not created
+    same = get_or_create_agent_actor(spec, {"max_concurrency": 4}, name="agent-under-test")  # found by name
+    assert same._actor_id == actor._actor_id
     batch = [{"solution_str": str(i % 2), "ground_truth": "1", "uid": i // 2} for i in range(8)]
     ticket = ray.get(same.submit.remote(batch, 2))
     first, second = ray.get([actor.get.remote(ticket, 4), actor.get.remote(ticket, 4)])  # concurrent waiters
@@ -25,6 +27,21 @@ def test_named_actor_is_shared_and_get_awaits(ray_session):
     assert first.scores == [0.0, 10.0, 0.0, 10.0]  # the class's group hook ran inside the actor
     assert ray.get(actor.metrics.remote())["completed"] == 8
     ray.get(actor.close.remote())
+    ray.kill(actor)
+
+
+def test_a_named_actor_with_another_reward_or_settings_is_refused(ray_session):
+    ray = ray_session
+    spec = RewardSpec(str(REWARDS / "examples.py"), "plain", {})
+    actor = get_or_create_agent_actor(spec, {"max_concurrency": 4}, name="agent-fingerprint")
+    with pytest.raises(ValueError, match=r"another configuration .*\['max_concurrency'\]"):
+        get_or_create_agent_actor(spec, {"max_concurrency": 8}, name="agent-fingerprint")
+    with pytest.raises(ValueError, match="another reward"):
+        get_or_create_agent_actor(RewardSpec(str(REWARDS / "examples.py"), "async_plain", {}), {"max_concurrency": 4},
+                                  name="agent-fingerprint")
+    # defaults written out or left implicit are the same settings
+    assert get_or_create_agent_actor(spec, {"max_concurrency": 4, "max_attempts": 3}, name="agent-fingerprint")._actor_id \
+        == actor._actor_id
     ray.kill(actor)
 
 
@@ -44,4 +61,61 @@ def test_waiting_get_does_not_block_the_actor(ray_session):
     assert ray.get(actor.cancel.remote(doomed)) == 3
     with pytest.raises(ray.exceptions.RayTaskError, match="TicketCancelled"):
         ray.get(waiting, timeout=10)
+    # a get with a timeout answers by it, consuming nothing
+    ticket = ray.get(actor.submit.remote([{"solution_str": "x"}], 1))
+    with pytest.raises(ray.exceptions.RayTaskError, match="TimeoutError"):
+        ray.get(actor.get.remote(ticket, None, 0.1), timeout=10)
+    assert ray.get(actor.get.remote(ticket), timeout=10).scores == [1.0]
     ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_per_sample_calls_never_exhaust_the_actor(ray_session):
+    """Issue 11 item 4: 12,000 samples whose groups stay open (each waits for a second member) are
+    more than the actor's concurrency; metrics still answer, then every group resolves."""
+    ray = ray_session
+    spec = RewardSpec(str(REWARDS / "examples.py"), "async_plain", {})
+    actor = get_or_create_agent_actor(spec, {"max_concurrency": 512}, name="agent-many-open-groups")
+    client = RayRewardClient(actor)
+    groups = 12_000
+
+    async def scenario():
+        firsts = [asyncio.ensure_future(client.score_in_group({"solution_str": "a", "ground_truth": "a"}, f"g{g}", 2))
+                  for g in range(groups)]
+        await asyncio.sleep(0)
+        while ray.get(actor.metrics.remote(), timeout=30)["submitted"] < groups:
+            await asyncio.sleep(0.2)
+        started = time.perf_counter()
+        metrics = await actor.metrics.remote()
+        answered_in = time.perf_counter() - started
+        seconds = [client.score_in_group({"solution_str": "b", "ground_truth": "a"}, f"g{g}", 2) for g in range(groups)]
+        results = await asyncio.wait_for(asyncio.gather(*firsts, *seconds), 120)
+        return metrics, answered_in, results
+
+    metrics, answered_in, results = asyncio.run(scenario())
+    assert metrics["submitted"] == groups and metrics["open_groups"] == groups and answered_in < 5
+    assert [score for score, _ in results] == [1.0] * groups + [0.0] * groups
+    ray.kill(actor)
+
+
+def test_ticket_ids_are_not_reused_by_a_recreated_actor(ray_session):
+    """Issue 11 item 12: an old ticket id on a re-created actor is an error, never another batch."""
+    ray = ray_session
+    spec = RewardSpec(str(REWARDS / "examples.py"), "plain", {})
+    old = get_or_create_agent_actor(spec, name="agent-recreated")
+    old_ticket = ray.get(old.submit.remote([{"solution_str": "x", "ground_truth": "x"}], 1))
+    ray.kill(old)
+    deadline = time.time() + 30
+    while True:  # the name is free once the kill has gone through
+        try:
+            new = get_or_create_agent_actor(spec, name="agent-recreated")
+            new_ticket = ray.get(new.submit.remote([{"solution_str": "y", "ground_truth": "x"}], 1))
+            break
+        except ray.exceptions.RayActorError:
+            assert time.time() < deadline
+            time.sleep(0.2)
+    assert new_ticket != old_ticket
+    with pytest.raises(ray.exceptions.RayTaskError, match="unknown ticket"):
+        ray.get(new.get.remote(old_ticket), timeout=10)
+    assert ray.get(new.get.remote(new_ticket), timeout=10).scores == [0.0]
+    ray.kill(new)

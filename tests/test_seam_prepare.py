@@ -12,11 +12,11 @@ from tests.conftest import ROOT
 from verl_async_rm.integration.group_sizes import V0_CLASS, V1_CLASS
 
 pytestmark = pytest.mark.quick
-REWARD = str(ROOT / "user_rewards" / "gsm8k.py")
+REWARD = str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py")
 
 
 def ours(*overrides):
-    with initialize_config_module("hydra_conf", version_base=None):
+    with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
         return compose("async_ppo_trainer", overrides=[
             "actor_rollout_ref.model.path=/nonexistent", f"reward.custom_reward_function.path={REWARD}", *overrides])
 

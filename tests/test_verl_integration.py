@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from tests.conftest import REWARDS, ROOT
 from verl import DataProto
 
-GSM8K_REWARD = str(ROOT / "user_rewards" / "gsm8k.py")
+GSM8K_REWARD = str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py")
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +78,6 @@ def gsm8k_samples(path, problems=6):
     return responses, truths, uids
 
 
-@pytest.mark.quick
 def test_registered_in_both_registries_by_the_entry_point_alone():
     code = (
         "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls as new\n"
@@ -211,7 +210,7 @@ def test_both_selectors_resolve_to_async_agent(tokenizer, tokenizer_dir):
     assert isinstance(load_reward_manager(stock, tokenizer), AsyncAgentRewardManager)
     ours = verl_config(
         tokenizer_dir, reward, "reward_model.reward_manager.name=async_agent", f"reward.async_agent.actor_name={name}",
-        "reward.async_agent.max_concurrency=16", config_module="hydra_conf", name="async_ppo_trainer",
+        "reward.async_agent.max_concurrency=16", config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer",
     )
     ours = prepare(ours)
     assert ours.reward.reward_manager.name == "async_agent" and ours.reward_model.reward_manager is None
@@ -227,7 +226,7 @@ def test_bad_settings_fail_at_start(tokenizer_dir):
 
     def ours(*overrides):
         return verl_config(tokenizer_dir, "reward_model.reward_manager.name=async_agent", *overrides,
-                           config_module="hydra_conf", name="async_ppo_trainer")
+                           config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer")
 
     with pytest.raises(ValueError, match="reward.async_agent: .*max_concurrency"):
         prepare(ours("reward.async_agent.max_concurrency=-2"))
@@ -251,7 +250,7 @@ def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
     def ours(*overrides):
         reward = f"reward.custom_reward_function.path={GSM8K_REWARD}"
         return prepare(verl_config(tokenizer_dir, reward, *accept_recipe_spellings(list(overrides)),
-                                   config_module="hydra_conf", name="async_ppo_trainer"))
+                                   config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer"))
 
     assert ours("+update_pipeline=True").trainer.v1.trainer_mode == V1_MODE  # v1 is verl's default trainer
     v0 = ours("+mini_batch_pipeline=True", "trainer.use_v1=False")
@@ -275,7 +274,7 @@ def test_strategies_off_hand_verl_its_own_config(tokenizer_dir):
     from verl_async_rm.main_ppo import prepare
 
     overrides = [f"reward.custom_reward_function.path={GSM8K_REWARD}", "trainer.use_v1=False", "data.seed=3"]
-    ours = OmegaConf.to_container(prepare(verl_config(tokenizer_dir, *overrides, config_module="hydra_conf",
+    ours = OmegaConf.to_container(prepare(verl_config(tokenizer_dir, *overrides, config_module="verl_async_rm.hydra_conf",
                                                       name="async_ppo_trainer")))
     stock = OmegaConf.to_container(verl_config(tokenizer_dir, *overrides))
     for key in ("mini_batch_pipeline", "update_pipeline", "off_policy_steps"):
@@ -284,7 +283,6 @@ def test_strategies_off_hand_verl_its_own_config(tokenizer_dir):
     assert ours == stock
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("first", ["verl_async_rm.strategies.v1", "verl.trainer.ppo.v1"])
 def test_v1_mode_registered_whichever_module_is_imported_first(first):
     code = f"import {first}\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nprint(get_trainer_cls('async_reward').__name__)"

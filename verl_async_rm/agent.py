@@ -1,24 +1,31 @@
-"""``RewardAgent``: the thread-safe face of the scoring engine.
+"""The agent's faces, one per execution context, all with the same verbs (``client.RewardClient``):
 
-The engine runs on a private event loop in one daemon thread, so callers in any thread (a verl
-trainer, a Ray actor's own loop, a test) can ``submit`` a whole batch without blocking and later
-``get`` whole groups of it. ``get`` blocks on a future that the engine resolves the moment enough
-groups are ready: no polling anywhere.
+- ``AsyncRewardAgent``: the engine on the caller's own event loop (an asyncio program, the Ray
+  actor). No thread, no hop.
+- ``RewardAgent``: the engine on a private event loop in one daemon thread, for callers in any
+  thread (a verl trainer, a script, a test): ``submit`` returns a ticket at once; ``get`` blocks
+  until the engine answers, which it does by the caller's ``timeout`` at the latest.
+
+Verbs: ``submit(items, group_size) -> ticket``, ``get(ticket, n, timeout)`` (whole groups, in
+completion order), ``cancel``, ``remaining``, ``metrics``, ``score_in_group`` (one sample at a
+time, answered with its group), ``close``.
+
+Nothing is lost between the engine and a caller: a ``get`` that times out, is cancelled or is
+interrupted consumes nothing; groups handed over at that very moment are put back, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
 import threading
-from typing import Any, Callable, Iterable, Mapping
+import warnings
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from verl_async_rm.config import AgentConfig
-from verl_async_rm.engine import ScoringEngine
-from verl_async_rm.groups import TicketLedger
+from verl_async_rm.engine.core import ScoringEngine
+from verl_async_rm.engine.ledger import assemble_chunk
 from verl_async_rm.loader import UserReward, load_reward, wrap_reward
-from verl_async_rm.outcome import RewardItem, ScoredChunk
+from verl_async_rm.outcome import AgentClosed, RewardItem, ScoredChunk
 
 _ITEM_FIELDS = ("solution_str", "ground_truth", "data_source", "extra_info", "uid", "index")
 
@@ -49,10 +56,104 @@ def as_item(raw: RewardItem | Mapping, position: int) -> RewardItem:
     )
 
 
+def as_batch(items: Iterable[RewardItem | Mapping]) -> list[RewardItem]:
+    return [as_item(raw, position) for position, raw in enumerate(items)]
+
+
+def _check_group_size(group_size: Any) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+
+
+def _prepare(reward: Any, config: AgentConfig | Mapping | None, reward_kwargs: Mapping | None,
+             token_estimator: Callable | None) -> tuple[UserReward, AgentConfig]:
+    config = config if isinstance(config, AgentConfig) else AgentConfig.from_mapping(config)
+    reward = reward if isinstance(reward, UserReward) else wrap_reward(reward, dict(reward_kwargs or {}))
+    if config.executor == "process" and reward.score_is_async:
+        raise ValueError(f"executor='process' is for sync reward functions; {reward.label} is async")
+    return reward, config
+
+
+class AsyncRewardAgent:
+    """The engine on the running event loop. Build it inside a coroutine (or an async actor)."""
+
+    def __init__(
+        self, reward: UserReward | Callable | type | Any, config: AgentConfig | Mapping | None = None, *,
+        reward_kwargs: Mapping | None = None, token_estimator: Callable[[RewardItem], float] | None = None,
+    ):
+        self.reward, self.config = _prepare(reward, config, reward_kwargs, token_estimator)
+        self.engine = ScoringEngine(self.reward, self.config, loop=asyncio.get_running_loop(), token_estimator=token_estimator)
+
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
+        return self.engine.submit(as_batch(items), group_size)
+
+    async def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
+        return assemble_chunk(await self.engine.take(ticket, n, timeout))
+
+    async def get_all(self, ticket: str, timeout: float | None = None) -> ScoredChunk:
+        return await self.get(ticket, None, timeout)
+
+    async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
+                             group_wait: float | None = None) -> tuple[float, dict]:
+        _check_group_size(group_size)
+        return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait)
+
+    def cancel(self, ticket: str) -> int:
+        return self.engine.cancel(ticket)
+
+    def remaining(self, ticket: str) -> int:
+        return self.engine.remaining(ticket)
+
+    def metrics(self) -> dict:
+        return self.engine.snapshot()
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        stuck = await self.engine.aclose(timeout)
+        if stuck:
+            warnings.warn(f"{stuck} reward calls ignored their cancellation and were left running", RuntimeWarning, stacklevel=2)
+
+    async def __aenter__(self) -> AsyncRewardAgent:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+
+class _HandOver:
+    """One ``get`` in flight between the engine's loop and a caller elsewhere. The engine's answer
+    and the caller giving up race; the lock decides, and groups that lost the race go back."""
+
+    def __init__(self, notify: Callable[[], None]):
+        self._lock = threading.Lock()
+        self._notify = notify
+        self.task: asyncio.Task | None = None  # the engine-side take, on the engine's loop
+        self.abandoned = False
+        self.done = False
+        self.result: list | None = None
+        self.error: BaseException | None = None
+
+    def deliver(self, result: list | None, error: BaseException | None) -> bool:
+        """From the engine's loop; False when the caller has left (the caller must put them back)."""
+        with self._lock:
+            if self.abandoned:
+                return False
+            self.result, self.error, self.done = result, error, True
+        self._notify()
+        return True
+
+    def abandon(self) -> bool:
+        """From the caller; False when the answer had already arrived (use or return it)."""
+        with self._lock:
+            if self.done:
+                return False
+            self.abandoned = True
+            return True
+
+
 class RewardAgent:
     """Score whole batches concurrently with a per-response reward; hand back finished GRPO groups.
 
-    >>> with RewardAgent.from_file("user_rewards/gsm8k.py", "compute_score") as agent:
+    >>> with RewardAgent.from_file("verl_async_rm/user_rewards/gsm8k.py", "compute_score") as agent:
     ...     ticket = agent.submit(items, group_size=8)      # returns at once
     ...     chunk = agent.get(ticket, 64)                   # 8 whole groups, as soon as they are done
     """
@@ -63,80 +164,95 @@ class RewardAgent:
         config: AgentConfig | Mapping | None = None,
         *,
         reward_kwargs: Mapping | None = None,
-        token_estimator: Callable[[RewardItem], int] | None = None,
+        token_estimator: Callable[[RewardItem], float] | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
     ):
-        self.config = config if isinstance(config, AgentConfig) else AgentConfig.from_mapping(config)
-        self.reward = reward if isinstance(reward, UserReward) else wrap_reward(reward, dict(reward_kwargs or {}))
-        if self.config.executor == "process" and self.reward.score_is_async:
-            raise ValueError(f"executor='process' is for sync reward functions; {self.reward.label} is async")
-        if self.config.tokens_per_minute and token_estimator is None:
-            raise ValueError("tokens_per_minute needs a token_estimator(item) -> int")
-        self._engine = ScoringEngine(self.reward, self.config, token_estimator)
-        self._loop = asyncio.new_event_loop()
+        self.reward, self.config = _prepare(reward, config, reward_kwargs, token_estimator)
+        self._loop = loop_factory()  # injectable: tests run the engine on a virtual-time loop
+        self._engine = ScoringEngine(self.reward, self.config, loop=self._loop, token_estimator=token_estimator)
         self._thread = threading.Thread(target=self._loop.run_forever, name="reward-agent-loop", daemon=True)
         self._thread.start()
-        self._next_ticket = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
     def from_file(
         cls, path: str, name: str, config: AgentConfig | Mapping | None = None, *, reward_kwargs: Mapping | None = None,
-        token_estimator: Callable[[RewardItem], int] | None = None,
+        token_estimator: Callable[[RewardItem], float] | None = None,
     ) -> RewardAgent:
         return cls(load_reward(path, name, dict(reward_kwargs or {})), config, token_estimator=token_estimator)
 
     # -- the API ----------------------------------------------------------------------------------
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> int:
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
         """Start scoring a batch; returns a ticket at once. Bad input raises here, not later."""
-        batch = [as_item(raw, position) for position, raw in enumerate(items)]
-        ledger = TicketLedger([(item.index, item.uid) for item in batch], group_size)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the reward agent is closed")
-            ticket = next(self._next_ticket)
-            # Scheduled before the ticket is returned, so any later get() finds it (FIFO loop callbacks).
-            self._loop.call_soon_threadsafe(self._engine.start_ticket, ticket, ledger, batch)
-        return ticket
+        return self._call(self._engine.submit, as_batch(items), group_size)
 
-    def get(self, ticket: int, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
+    def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         """Block until whole groups of ``ticket`` totalling ``n`` samples are ready (all that remain if
-        fewer; all of them if ``n`` is None). A drained ticket gives an empty chunk."""
+        fewer; all of them if ``n`` is None). A drained ticket gives an empty chunk. ``timeout``:
+        ``TimeoutError`` after that many seconds, with nothing consumed."""
         self._check_caller()
-        future = asyncio.run_coroutine_threadsafe(self._engine.take(ticket, n), self._loop)
+        event = threading.Event()
+        hand_over = _HandOver(event.set)
+        self._start_take(ticket, n, timeout, hand_over)
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # nothing was consumed: the groups stay for the next get
-            raise TimeoutError(f"get(ticket={ticket}, n={n}) timed out after {timeout}s") from None
+            self._wait(event)
+        except BaseException:  # interrupted (KeyboardInterrupt): nothing may be lost
+            self._give_up(ticket, hand_over)
+            raise
+        return self._received(ticket, hand_over)
 
-    def get_all(self, ticket: int, timeout: float | None = None) -> ScoredChunk:
+    def get_all(self, ticket: str, timeout: float | None = None) -> ScoredChunk:
         return self.get(ticket, None, timeout)
 
-    async def aget(self, ticket: int, n: int | None = None) -> ScoredChunk:
-        """``get`` for callers on another event loop (e.g. an async Ray actor)."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._engine.take(ticket, n), self._loop))
+    async def aget(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
+        """``get`` for callers on another event loop; cancelling it consumes nothing."""
+        caller_loop = asyncio.get_running_loop()
+        arrived = caller_loop.create_future()
+
+        def notify() -> None:
+            caller_loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
+
+        hand_over = _HandOver(notify)
+        self._start_take(ticket, n, timeout, hand_over)
+        try:
+            await arrived
+        except BaseException:  # cancelled: nothing may be lost
+            self._give_up(ticket, hand_over)
+            raise
+        return self._received(ticket, hand_over)
 
     async def ascore_in_group(
-        self, item: RewardItem | Mapping, uid=None, group_size: int = 1, group_wait: float | None = None
+        self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1, group_wait: float | None = None,
     ) -> tuple[float, dict]:
-        """Score one sample as a member of group ``uid`` (expected size ``group_size``) and return its
+        """Score one sample as a member of group ``uid`` (expected size ``group_size``); returns its
         ``(score, extra_info)`` once the whole group is resolved (policy, then the group hook). For
         callers that see one sample at a time, such as verl's ``run_single``. A group that stops
         growing for ``group_wait`` seconds is resolved with the members it has."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        _check_group_size(group_size)
         item = as_item(item, 0)
-        coroutine = self._engine.score_in_group(item, uid, group_size, group_wait)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+        caller_loop = asyncio.get_running_loop()
+        answer = caller_loop.create_future()
 
-    def cancel(self, ticket: int) -> int:
+        def deliver(value: object) -> None:
+            def settle() -> None:
+                if not answer.done():
+                    answer.set_exception(value) if isinstance(value, BaseException) else answer.set_result(value)
+
+            caller_loop.call_soon_threadsafe(settle)
+
+        self._call(self._engine.join_group, item, uid, group_size, group_wait, deliver)
+        return await answer
+
+    score_in_group = ascore_in_group  # the client protocol's name
+
+    def cancel(self, ticket: str) -> int:
         """Stop scoring ``ticket`` (e.g. a batch that will never be trained on): no further calls
         are made for it, and its pending and later gets raise ``TicketCancelled``. Returns how many
         of its samples were still unsettled (0 for a ticket already drained or cancelled)."""
         return self._call(self._engine.cancel, ticket)
 
-    def remaining(self, ticket: int) -> int:
+    def remaining(self, ticket: str) -> int:
         """Samples of ``ticket`` not yet handed out."""
         return self._call(self._engine.remaining, ticket)
 
@@ -145,16 +261,30 @@ class RewardAgent:
 
     # -- life cycle -------------------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel what is in flight, fail pending gets, stop the loop and join its thread."""
+        """Fail pending gets (``AgentClosed``), stop every call, stop the loop and join its thread.
+        Calls that ignore their cancellation, and a loop blocked by a reward, are reported (a
+        warning), not waited for beyond ``timeout``."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        problems = []
         if self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._engine.aclose(), self._loop).result(timeout)
+            future = asyncio.run_coroutine_threadsafe(self._engine.aclose(min(10.0, timeout)), self._loop)
+            try:
+                stuck = future.result(timeout)
+                if stuck:
+                    problems.append(f"{stuck} reward calls ignored their cancellation and were left running")
+            except Exception as exc:  # noqa: BLE001 - a close must finish; say what happened instead
+                problems.append(f"closing the engine did not finish in {timeout}s ({type(exc).__name__})")
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
-        self._loop.close()
+        if self._thread.is_alive():
+            problems.append("the agent's loop thread is blocked (a blocking call inside an async reward?) and was left behind")
+        else:
+            self._loop.close()
+        if problems:
+            warnings.warn("RewardAgent.close: " + "; ".join(problems), RuntimeWarning, stacklevel=2)
 
     def __enter__(self) -> RewardAgent:
         return self
@@ -163,14 +293,81 @@ class RewardAgent:
         self.close()
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _start_take(self, ticket: str, n: int | None, timeout: float | None, hand_over: _HandOver) -> None:
+        def start() -> None:
+            if hand_over.abandoned:
+                return
+            task = hand_over.task = self._loop.create_task(self._engine.take(ticket, n, timeout, confirm=True))
+
+            def done(task: asyncio.Task) -> None:  # on the engine's loop
+                if task.cancelled():
+                    hand_over.deliver(None, AgentClosed("the reward agent was closed"))
+                elif task.exception() is not None:
+                    hand_over.deliver(None, task.exception())
+                elif not hand_over.deliver(task.result(), None):
+                    self._engine.put_back(ticket, task.result())  # the caller had left already
+                # else: the caller confirms once it holds them (_received), or puts them back
+
+            task.add_done_callback(done)
+
+        self._submit_to_loop(start)
+
+    def _give_up(self, ticket: str, hand_over: _HandOver) -> None:
+        """The caller leaves (interrupted, cancelled). If the groups had already arrived they go back;
+        otherwise the engine-side take is cancelled (it puts back anything it was handed meanwhile)."""
+        try:
+            if hand_over.abandon():
+                self._loop.call_soon_threadsafe(lambda: hand_over.task is not None and hand_over.task.cancel())
+            elif hand_over.result:
+                self._loop.call_soon_threadsafe(self._engine.put_back, ticket, hand_over.result)
+        except RuntimeError:  # the loop is closed: nobody can take them any more
+            pass
+
+    def _received(self, ticket: str, hand_over: _HandOver) -> ScoredChunk:
+        """The caller holds the engine's answer: confirm the hand-over (the ticket may retire)."""
+        if hand_over.error is not None:
+            raise hand_over.error
+        try:
+            self._loop.call_soon_threadsafe(self._engine.confirm_taken, ticket)
+        except RuntimeError:  # the loop is closed: nothing to confirm to
+            pass
+        return assemble_chunk(hand_over.result)
+
     def _check_caller(self) -> None:
         if threading.current_thread() is self._thread:
             raise RuntimeError("get() called from the agent's own loop (e.g. inside a reward function): use aget()")
 
+    def _wait(self, event: threading.Event) -> None:
+        """Wait for the engine's answer. The engine always answers (by the caller's timeout at the
+        latest); the periodic check only notices a loop thread that died under us."""
+        while not event.wait(1.0):
+            if not self._thread.is_alive():
+                raise AgentClosed("the reward agent's loop has stopped")
+
+    def _submit_to_loop(self, fn: Callable[[], None]) -> None:
+        if self._closed or self._loop.is_closed():
+            raise AgentClosed("the reward agent is closed")
+        try:
+            self._loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            raise AgentClosed("the reward agent is closed") from None
+
     def _call(self, fn: Callable, *args):
+        """Run ``fn(*args)`` on the engine's loop and return its result (or raise its error)."""
         self._check_caller()
+        done = threading.Event()
+        box: list = []
 
-        async def run():
-            return fn(*args)
+        def run() -> None:
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box.append((False, exc))
+            done.set()
 
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+        self._submit_to_loop(run)
+        self._wait(done)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value

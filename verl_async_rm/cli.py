@@ -13,8 +13,6 @@ import yaml
 from verl_async_rm.demo_data import make_responses, write_jsonl
 from verl_async_rm.score_file import score_file
 
-REPO_REWARDS = Path(__file__).resolve().parents[1] / "user_rewards"
-
 
 def _pairs(values: list[str], what: str) -> dict:
     """``key=value`` pairs; values parsed as YAML scalars (``8`` -> int, ``null`` -> None)."""
@@ -35,7 +33,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def _gsm8k_reward() -> str:
-    import user_rewards.gsm8k as module
+    import verl_async_rm.user_rewards.gsm8k as module
 
     return module.__file__
 

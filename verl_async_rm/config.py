@@ -7,7 +7,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verl_async_rm.policy import FailurePolicy
+from verl_async_rm.policy import PolicyName
 
 
 class AgentConfig(BaseModel):
@@ -26,15 +26,30 @@ class AgentConfig(BaseModel):
     max_workers: int | None = Field(
         None, ge=1, description="threads/processes for sync functions; default max_concurrency (threads), cores (processes)"
     )
-    failure_policy: FailurePolicy = "neutral"
+    failure_policy: PolicyName = "neutral"
     fill_value: float = Field(0.0, description="score given to a failed sample under failure_policy='fill'")
     neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral'")
-    max_attempts: int = Field(3, ge=1, description="attempts per request, retries included")
+    max_attempts: int = Field(3, ge=1, description="attempts per request that end in an error, the first included (429/503 are not counted)")
     backoff_initial: float = Field(0.5, gt=0, description="seconds; exponential backoff with full jitter")
-    backoff_max: float = Field(30.0, gt=0)
+    backoff_max: float = Field(30.0, gt=0, description="no wait is longer, whatever Retry-After says (the deadline still wins)")
     requests_per_minute: float | None = Field(None, gt=0)
-    tokens_per_minute: float | None = Field(None, gt=0, description="needs a token estimate per request")
-    adaptive_concurrency: bool = Field(True, description="cut the cap on 429/503, grow it back on success")
+    tokens_per_minute: float | None = Field(
+        None, gt=0, description="per 60 s; a request's tokens: the caller's token_estimator, else ~4 characters a token"
+    )
+    adaptive_concurrency: bool = Field(
+        True, description="on 429/503: pause for Retry-After, probe, ramp back up, and pace at the service's measured rate"
+    )
+    hook_timeout: float | None = Field(300.0, gt=0, description="seconds for one post_process_scores call; None = bounded by the deadline only")
+    max_failure_rate: float = Field(
+        0.5, gt=0, le=1, description="fail loudly once more than this share of a ticket's samples (or of the agent's "
+        "last max(200, 2 x max_concurrency) samples) failed; 1.0: never"
+    )
+    max_hung_calls: int = Field(
+        1000, ge=1, description="calls still running long after they were given up; past this the agent fails loudly"
+    )
+    max_throttled_s: float | None = Field(
+        600.0, gt=0, description="fail loudly when every answer has been a 429/503 for this long; None = wait forever"
+    )
     cache: bool = Field(False, description="score identical requests once per run (judges are stochastic: off by default)")
     cache_size: int = Field(100_000, ge=1)
 

@@ -16,6 +16,7 @@ reward), and writes it as JSON with a timeline picture (one lane per run).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results JSON here")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:  # fail now, not after minutes of training
+        parser.error("the demo draws its timeline with matplotlib: pip install 'verl-async-rm[demo]'")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = set(modes) - set(MODES)
     if unknown or not {"baseline", "zero_latency"} <= set(modes):

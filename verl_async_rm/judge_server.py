@@ -21,9 +21,18 @@ Python use (sync or async; the server runs on its own event loop in a daemon thr
 Command line::
 
     python -m verl_async_rm.judge_server --port 0 --latency 0.5:2.0 --rate-429 0.1
+    python -m verl_async_rm.judge_server --bucket-capacity 30 --bucket-refill 3 --storm 60:20
+
+Flow control as real APIs do it (for testing a client's back-pressure): a token bucket
+(``bucket_capacity`` C, ``bucket_refill_per_s`` r: "30 requests per 10 s" is C=30, r=3) that answers
+429 with ``Retry-After`` = the time until a token is available (optionally rounded up to whole
+seconds), the older sliding-window ``rpm_limit``, and 429 "storms" (every request refused for a
+while, with a fixed Retry-After). Every request is logged (arrival, outcome, finish; bounded) so a
+test can compute goodput, the share rejected after the first 429, probes per Retry-After window
+during a storm and the concurrency the client reached.
 
 Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /stats[?window=S]``,
-``POST /stats/reset``. Only loopback addresses may be bound: this is a test fixture, never a
+``POST /stats/reset``, ``POST /storm?duration=S[&retry_after=R]``. Only loopback addresses may be bound: this is a test fixture, never a
 service, and must not be reachable from outside the machine.
 """
 
@@ -52,18 +61,28 @@ __all__ = [
     "JudgeServerConfig",
     "JudgeServer",
     "JudgeStats",
+    "RequestRecord",
+    "TokenBucket",
+    "REJECTED_OUTCOMES",
+    "THROTTLE_OUTCOMES",
     "default_judge",
     "extract_last_number",
     "max_requests_in_window",
 ]
 
 # Every chat request ends in exactly one of these, so the counts always sum to ``requests``
-# (once nothing is in flight). "rate_limited" is the server's own rpm limiter; "429" is an
-# injected fault. "bad_request"/"judge_error" are not faults: they flag a broken caller/judge.
-OUTCOMES = ("ok", "429", "500", "503", "hang", "malformed", "rate_limited", "bad_request", "judge_error")
+# (once nothing is in flight). "rate_limited" is the server's own limiter (token bucket or rpm
+# window), "storm" a request refused during a 429 storm; "429" is a random injected fault.
+# "bad_request"/"judge_error" are not faults: they flag a broken caller/judge.
+OUTCOMES = ("ok", "429", "500", "503", "hang", "malformed", "rate_limited", "storm", "bad_request", "judge_error")
+# Refused at the front door by the server's flow control (never processed, no token taken).
+REJECTED_OUTCOMES = ("rate_limited", "storm")
+# Every outcome answered with HTTP 429.
+THROTTLE_OUTCOMES = ("429", "rate_limited", "storm")
 MALFORMED_KINDS = ("truncated", "no_choices", "non_numeric")
 
 _LOOPBACK_NAMES = {"localhost"}
+_MIN_ERROR_BODY = 256  # bytes: room for the OpenAI error envelope around a padded message
 
 
 # --------------------------------------------------------------------------- judging rule
@@ -145,9 +164,24 @@ class JudgeServerConfig:
     # rpm_window_s defaults to a minute; a shorter window compresses time in tests.
     rpm_limit: int | None = None
     rpm_window_s: float = 60.0
+    # Server-side token bucket: capacity C tokens (starts full), refilled at r tokens/s; each accepted
+    # request takes one. Without a whole token: 429 with Retry-After = the time until there is one.
+    bucket_capacity: int | None = None
+    bucket_refill_per_s: float = 1.0
+    # Round every Retry-After the server sends up to whole seconds (as many APIs do); else to the ms.
+    retry_after_whole_seconds: bool = False
+    # A 429 storm: during [storm_start_s, storm_start_s + storm_duration_s) after start(), every
+    # request gets 429 with Retry-After storm_retry_after_s. ``JudgeServer.start_storm`` adds one at run time.
+    storm_start_s: float | None = None
+    storm_duration_s: float = 0.0
+    storm_retry_after_s: float = 1.0
+    # Size in bytes of the body of injected 500s (0 = the usual small error body): a valid OpenAI
+    # error JSON whose message is padded, so clients that copy error text are exercised.
+    error_body_bytes: int = 0
     seed: int | None = 0  # None = nondeterministic
     judge: Callable[[list[dict]], str] = default_judge
     max_timestamps: int = 1_000_000  # arrival timestamps kept for sliding-window stats (bounded memory)
+    max_records: int = 200_000  # per-request records (arrival, outcome, finish) kept, most recent
     shutdown_timeout_s: float = 1.0  # grace for in-flight non-hung handlers on close()
 
     def __post_init__(self) -> None:
@@ -184,8 +218,26 @@ class JudgeServerConfig:
             raise ValueError(f"rpm_limit must be a positive int or None, got {self.rpm_limit!r}")
         if not self.rpm_window_s > 0:
             raise ValueError(f"rpm_window_s must be > 0, got {self.rpm_window_s!r}")
+        if self.bucket_capacity is not None:
+            if isinstance(self.bucket_capacity, bool) or not isinstance(self.bucket_capacity, int) or self.bucket_capacity < 1:
+                raise ValueError(f"bucket_capacity must be a positive int or None, got {self.bucket_capacity!r}")
+            if not (math.isfinite(self.bucket_refill_per_s) and self.bucket_refill_per_s > 0):
+                raise ValueError(f"bucket_refill_per_s must be > 0, got {self.bucket_refill_per_s!r}")
+        if self.storm_start_s is not None:
+            if not (math.isfinite(self.storm_start_s) and self.storm_start_s >= 0):
+                raise ValueError(f"storm_start_s must be >= 0, got {self.storm_start_s!r}")
+            if not (math.isfinite(self.storm_duration_s) and self.storm_duration_s > 0):
+                raise ValueError(f"storm_duration_s must be > 0 with a storm_start_s, got {self.storm_duration_s!r}")
+        if not (math.isfinite(self.storm_retry_after_s) and self.storm_retry_after_s >= 0):
+            raise ValueError(f"storm_retry_after_s must be >= 0, got {self.storm_retry_after_s!r}")
+        if isinstance(self.error_body_bytes, bool) or not isinstance(self.error_body_bytes, int) or not (
+            self.error_body_bytes == 0 or self.error_body_bytes >= _MIN_ERROR_BODY
+        ):
+            raise ValueError(f"error_body_bytes must be 0 or >= {_MIN_ERROR_BODY}, got {self.error_body_bytes!r}")
         if self.max_timestamps < 1:
             raise ValueError("max_timestamps must be >= 1")
+        if self.max_records < 1:
+            raise ValueError("max_records must be >= 1")
         if not callable(self.judge):
             raise ValueError("judge must be callable")
 
@@ -197,6 +249,63 @@ class JudgeServerConfig:
             "rate_hang": self.rate_hang,
             "rate_malformed": self.rate_malformed,
         }
+
+
+# --------------------------------------------------------------------------- flow control (pure)
+
+
+class TokenBucket:
+    """``capacity`` tokens, full at the start, refilled continuously at ``refill_per_s``; an accepted
+    request takes one whole token. Pure: time is passed in, so the arithmetic is tested exactly.
+
+    Written here rather than taken from aiolimiter (already a dependency) because a server needs
+    "take a token now, or tell me how long until there is one" without waiting, and aiolimiter only
+    offers an awaiting ``acquire``.
+    """
+
+    _EPS = 1e-9  # a client that waits exactly Retry-After must not lose to float rounding
+
+    def __init__(self, capacity: float, refill_per_s: float, now: float) -> None:
+        if not capacity >= 1 or not refill_per_s > 0:
+            raise ValueError(f"bad token bucket capacity={capacity!r} refill_per_s={refill_per_s!r}")
+        self.capacity = float(capacity)
+        self.refill_per_s = float(refill_per_s)
+        self.tokens = float(capacity)
+        self.updated = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.refill_per_s)
+            self.updated = now
+
+    def try_take(self, now: float) -> float:
+        """Take a token and return 0.0, or take nothing and return the seconds until one is available."""
+        self._refill(now)
+        if self.tokens >= 1.0 - self._EPS:
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return 0.0
+        return (1.0 - self.tokens) / self.refill_per_s
+
+    def allowance(self, seconds: float) -> float:
+        """The most requests this bucket accepts in any window of ``seconds``: C + r * seconds."""
+        return self.capacity + self.refill_per_s * seconds
+
+
+def storm_retry_after(storms: Sequence[tuple[float, float, float]], now: float) -> float | None:
+    """Retry-After of the storm ``(start, end, retry_after)`` covering ``now`` (half-open), else None."""
+    for start, end, retry_after in storms:
+        if start <= now < end:
+            return retry_after
+    return None
+
+
+def retry_after_header(seconds: float, whole_seconds: bool = False) -> float:
+    """The Retry-After value to send: never earlier than ``seconds`` (rounded UP to the millisecond,
+    or to whole seconds), so a client that waits exactly that long finds capacity."""
+    seconds = max(0.0, seconds)
+    if whole_seconds:
+        return float(math.ceil(seconds - 1e-9))
+    return math.ceil(seconds * 1000 - 1e-6) / 1000
 
 
 # --------------------------------------------------------------------------- stats
@@ -215,6 +324,19 @@ def max_requests_in_window(timestamps: Sequence[float], window_s: float) -> int:
 
 
 @dataclass(frozen=True)
+class RequestRecord:
+    """One chat request as the server saw it (``time.monotonic()`` of the server's process)."""
+
+    arrived: float
+    outcome: str | None  # one of OUTCOMES; None while its body is still being read
+    finished: float | None  # None while in flight
+
+    @property
+    def throttled(self) -> bool:
+        return self.outcome in THROTTLE_OUTCOMES
+
+
+@dataclass(frozen=True)
 class JudgeStats:
     """An immutable snapshot of the server's counters (taken under the server's lock)."""
 
@@ -224,9 +346,72 @@ class JudgeStats:
     outcomes: Mapping[str, int]  # every key of OUTCOMES present; decided at arrival
     arrivals: tuple[float, ...] = field(repr=False)  # time.monotonic() per arrival, sorted; last max_timestamps only
     elapsed_s: float = 0.0  # since start / last reset
+    records: tuple[RequestRecord, ...] = field(default=(), repr=False)  # arrival order; last max_records only
+    storms: tuple[tuple[float, float, float], ...] = ()  # (start, end, retry_after), monotonic seconds
 
     def max_requests_in_window(self, window_s: float) -> int:
         return max_requests_in_window(self.arrivals, window_s)
+
+    # ---- flow control: what a test of a client's back-pressure needs
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused by the server's flow control (limiters, storms): never processed."""
+        return sum(self.outcomes.get(k, 0) for k in REJECTED_OUTCOMES)
+
+    @property
+    def accepted(self) -> int:
+        """Requests admitted by the flow control (they may still meet an injected fault)."""
+        return self.requests - self.rejected - self.outcomes.get("bad_request", 0)
+
+    @property
+    def first_throttle_at(self) -> float | None:
+        """Arrival time of the first request answered with a 429 (any kind), if any."""
+        return next((r.arrived for r in self.records if r.throttled), None)
+
+    def throttled_share_after_first_throttle(self) -> float:
+        """Of the requests that arrived after the first 429-answered one, the share answered 429 too
+        (0.0 if none arrived after it): a client that honours back-pressure keeps this small."""
+        first = self.first_throttle_at
+        if first is None:
+            return 0.0
+        later = [r for r in self.records if r.arrived > first and r.outcome is not None]
+        return sum(r.throttled for r in later) / len(later) if later else 0.0
+
+    def count(self, outcomes: Sequence[str] | str, start: float = -math.inf, end: float = math.inf) -> int:
+        """Requests with one of ``outcomes`` that arrived in ``[start, end)``."""
+        wanted = (outcomes,) if isinstance(outcomes, str) else tuple(outcomes)
+        return sum(1 for r in self.records if r.outcome in wanted and start <= r.arrived < end)
+
+    def arrivals_per_window(self, start: float, end: float, window_s: float) -> list[int]:
+        """Arrivals in each consecutive window ``[start + k w, start + (k+1) w)`` that starts before
+        ``end`` (the last one clipped at ``end``): e.g. probes per Retry-After window of a storm."""
+        if not window_s > 0:
+            raise ValueError("window_s must be > 0")
+        counts = [0] * max(0, math.ceil((end - start) / window_s - 1e-9))  # float noise must not add a window
+        for r in self.records:
+            if start <= r.arrived < end:
+                counts[min(len(counts) - 1, int((r.arrived - start) // window_s))] += 1
+        return counts
+
+    def in_flight_at(self, t: float) -> int:
+        """Requests the server was handling at time ``t`` (arrived at or before, not yet finished)."""
+        return sum(1 for r in self.records if r.arrived <= t and (r.finished is None or r.finished > t))
+
+    def peak_in_flight_between(self, start: float, end: float) -> int:
+        """Most requests handled at once at any moment of ``[start, end]``."""
+        events = []
+        for r in self.records:
+            if r.arrived <= end and (r.finished is None or r.finished > start):
+                events.append((max(r.arrived, start), 1))
+                if r.finished is not None and r.finished <= end:
+                    events.append((r.finished, -1))
+        events.sort(key=lambda e: (e[0], e[1]))  # a finish before an arrival at the same instant
+        best = level = 0
+        for _, step in events:
+            level += step
+            best = max(best, level)
+        return best
 
     @property
     def requests_per_minute(self) -> float:
@@ -239,6 +424,9 @@ class JudgeStats:
             "in_flight": self.in_flight,
             "peak_in_flight": self.peak_in_flight,
             "outcomes": dict(self.outcomes),
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "storms": len(self.storms),
             "elapsed_s": round(self.elapsed_s, 6),
             "requests_per_minute": round(self.requests_per_minute, 3),
             "max_requests_in_window": {f"{w:g}": self.max_requests_in_window(w) for w in windows},
@@ -247,9 +435,11 @@ class JudgeStats:
 
 class _Counters:
     # Mutated on the server's loop thread, read by stats() from any thread: one lock for both.
-    def __init__(self, max_timestamps: int) -> None:
+    def __init__(self, max_timestamps: int, max_records: int) -> None:
         self.lock = threading.Lock()
         self._max = max_timestamps
+        self._max_records = max_records
+        self.storms: list[tuple[float, float, float]] = []  # flow-control config, survives reset()
         self.reset()
 
     def reset(self) -> None:
@@ -259,6 +449,8 @@ class _Counters:
             self.peak = self.in_flight
             self.outcomes = dict.fromkeys(OUTCOMES, 0)
             self.arrivals: deque[float] = deque(maxlen=self._max)
+            # [arrived, outcome, finished] per request, mutated in place until it finishes
+            self.records: deque[list] = deque(maxlen=self._max_records)
             self.t0 = time.monotonic()
 
     def snapshot(self) -> JudgeStats:
@@ -270,6 +462,8 @@ class _Counters:
                 outcomes=dict(self.outcomes),
                 arrivals=tuple(self.arrivals),
                 elapsed_s=time.monotonic() - self.t0,
+                records=tuple(RequestRecord(*r) for r in self.records),
+                storms=tuple(self.storms),
             )
 
 
@@ -280,11 +474,23 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:.3f}".rstrip("0").rstrip(".") or "0"
 
 
+def _padded_error_body(size: int) -> bytes:
+    """An OpenAI error JSON of exactly ``size`` bytes (the message padded with 'x')."""
+    body = {"error": {"message": "", "type": "server_error", "param": None, "code": None}}
+    prefix = "Injected internal error; padding: "
+    pad = size - len(json.dumps(body).encode()) - len(prefix)
+    body["error"]["message"] = prefix + "x" * pad
+    data = json.dumps(body).encode()
+    assert len(data) == size, (len(data), size)
+    return data
+
+
 def _error(status: int, message: str, err_type: str, code: str | None, retry_after: float | None = None) -> web.Response:
     # OpenAI's error body shape; the client surfaces it as exc.body / exc.message.
     headers = {}
     if retry_after is not None:
         # The openai client reads retry-after-ms first, then retry-after (float seconds OK).
+        # ``retry_after`` is already rounded up (retry_after_header), so both headers agree.
         headers["Retry-After"] = _fmt_seconds(retry_after)
         headers["retry-after-ms"] = str(int(round(retry_after * 1000)))
     body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
@@ -306,8 +512,14 @@ class JudgeServer:
         # Separate streams so changing the latency config does not reshuffle which requests fail.
         self._fault_rng = random.Random(None if seed is None else f"{seed}/faults")
         self._latency_rng = random.Random(None if seed is None else f"{seed}/latency")
-        self._counters = _Counters(self.config.max_timestamps)
+        self._counters = _Counters(self.config.max_timestamps, self.config.max_records)
         self._accepted: deque[float] = deque()  # rpm limiter window (accepted arrivals only)
+        cfg = self.config
+        self._bucket = (
+            TokenBucket(cfg.bucket_capacity, cfg.bucket_refill_per_s, time.monotonic())
+            if cfg.bucket_capacity is not None else None
+        )  # fmt: skip
+        self._big_error = _padded_error_body(cfg.error_body_bytes) if cfg.error_body_bytes else None
         self._ids = itertools.count(1)
         self._handlers: set[asyncio.Task] = set()
         self._thread: threading.Thread | None = None
@@ -344,7 +556,21 @@ class JudgeServer:
             self._thread.join()
             self._thread = None
             raise self._start_error
+        cfg = self.config
+        if cfg.storm_start_s is not None:
+            self.start_storm(cfg.storm_duration_s, cfg.storm_retry_after_s, delay_s=cfg.storm_start_s)
         return self
+
+    def start_storm(self, duration_s: float, retry_after_s: float | None = None, delay_s: float = 0.0) -> tuple[float, float]:
+        """From ``delay_s`` seconds from now, for ``duration_s`` seconds, answer every request 429 with
+        Retry-After ``retry_after_s`` (default: the config's). Returns the window (monotonic start, end)."""
+        retry = self.config.storm_retry_after_s if retry_after_s is None else retry_after_s
+        if not (math.isfinite(duration_s) and duration_s > 0 and delay_s >= 0 and math.isfinite(retry) and retry >= 0):
+            raise ValueError(f"bad storm: duration_s={duration_s!r} retry_after_s={retry!r} delay_s={delay_s!r}")
+        start = time.monotonic() + delay_s
+        with self._counters.lock:
+            self._counters.storms.append((start, start + duration_s, float(retry)))
+        return start, start + duration_s
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop serving and join the thread. Idempotent; safe to call from any thread but the server's."""
@@ -393,6 +619,7 @@ class JudgeServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stats", self._stats)
         app.router.add_post("/stats/reset", self._reset)
+        app.router.add_post("/storm", self._storm)
         # handler_cancellation: a client that times out and disconnects cancels its handler, so
         # "in_flight" reflects what is really still running (aiohttp >= 3.9 defaults it off).
         runner = web.AppRunner(
@@ -449,48 +676,73 @@ class JudgeServer:
         self.reset_stats()
         return web.json_response({"ok": True})
 
-    def _decide(self, messages: list[dict]) -> tuple[str, float, Any]:
-        """Fault, delay and payload for one valid request; counted immediately (hangs never finish)."""
-        cfg = self.config
+    async def _storm(self, request: web.Request) -> web.Response:
+        try:
+            q = request.query
+            retry = float(q["retry_after"]) if "retry_after" in q else None
+            start, end = self.start_storm(float(q["duration"]), retry, float(q.get("delay", 0.0)))
+        except (KeyError, ValueError) as e:
+            return _error(400, f"need ?duration=S[&retry_after=R][&delay=D], positive: {e}", "invalid_request_error", None)
+        now = time.monotonic()
+        return web.json_response({"starts_in_s": round(start - now, 6), "ends_in_s": round(end - now, 6)})
+
+    def _decide(self, messages: list[dict], record: list) -> tuple[str, float, Any]:
+        """Fault, delay and payload for one valid request; counted immediately (hangs never finish).
+        For a refused request (storm, limiter) the delay is its Retry-After, already rounded up."""
         c = self._counters
         with c.lock:
-            now = time.monotonic()
-            if cfg.rpm_limit is not None:
-                while self._accepted and self._accepted[0] <= now - cfg.rpm_window_s:
-                    self._accepted.popleft()
-                if len(self._accepted) >= cfg.rpm_limit:
-                    # Rejected requests draw no randomness: the i-th *accepted* request always gets
-                    # the same fault, however the limiter's timing falls.
-                    c.outcomes["rate_limited"] += 1
-                    return "rate_limited", self._accepted[0] + cfg.rpm_window_s - now, None
-                self._accepted.append(now)
-            u = self._fault_rng.random()
-            outcome = "ok"
-            for name, rate in (
-                ("429", cfg.rate_429),
-                ("500", cfg.rate_500),
-                ("503", cfg.rate_503),
-                ("hang", cfg.rate_hang),
-                ("malformed", cfg.rate_malformed),
-            ):
-                if u < rate:
-                    outcome = name
-                    break
-                u -= rate
-            lat = cfg.latency
-            delay = self._latency_rng.uniform(*lat) if isinstance(lat, tuple) else lat
-            payload: Any = None
-            if outcome == "malformed":
-                payload = self._fault_rng.choice(cfg.malformed_kinds)
-            elif outcome in ("ok", "hang"):
-                try:  # judge now, so a judge bug is counted as such rather than as "ok"
-                    payload = str(cfg.judge(messages))
-                except Exception as e:  # noqa: BLE001
-                    outcome, payload = "judge_error", f"{type(e).__name__}: {e}"
-            if outcome == "hang":
-                delay = cfg.hang_seconds
+            outcome, delay, payload = self._decide_locked(messages, time.monotonic(), arrived=record[0])
             c.outcomes[outcome] += 1
+            record[1] = outcome
             return outcome, delay, payload
+
+    def _decide_locked(self, messages: list[dict], now: float, arrived: float) -> tuple[str, float, Any]:
+        cfg = self.config
+        # Flow control first. Refused requests draw no randomness and take no token: the i-th
+        # *accepted* request always gets the same fault, however the limiter's timing falls.
+        # A storm covers the requests that *arrived* in it (the record's time), not those whose
+        # body happened to be read in it.
+        storm = storm_retry_after(self._counters.storms, arrived)
+        if storm is not None:
+            return "storm", retry_after_header(storm, cfg.retry_after_whole_seconds), None
+        if cfg.rpm_limit is not None:
+            while self._accepted and self._accepted[0] <= now - cfg.rpm_window_s:
+                self._accepted.popleft()
+            if len(self._accepted) >= cfg.rpm_limit:
+                wait = self._accepted[0] + cfg.rpm_window_s - now
+                return "rate_limited", retry_after_header(wait, cfg.retry_after_whole_seconds), None
+        if self._bucket is not None:
+            wait = self._bucket.try_take(now)
+            if wait > 0:
+                return "rate_limited", retry_after_header(wait, cfg.retry_after_whole_seconds), None
+        if cfg.rpm_limit is not None:
+            self._accepted.append(now)
+        u = self._fault_rng.random()
+        outcome = "ok"
+        for name, rate in (
+            ("429", cfg.rate_429),
+            ("500", cfg.rate_500),
+            ("503", cfg.rate_503),
+            ("hang", cfg.rate_hang),
+            ("malformed", cfg.rate_malformed),
+        ):
+            if u < rate:
+                outcome = name
+                break
+            u -= rate
+        lat = cfg.latency
+        delay = self._latency_rng.uniform(*lat) if isinstance(lat, tuple) else lat
+        payload: Any = None
+        if outcome == "malformed":
+            payload = self._fault_rng.choice(cfg.malformed_kinds)
+        elif outcome in ("ok", "hang"):
+            try:  # judge now, so a judge bug is counted as such rather than as "ok"
+                payload = str(cfg.judge(messages))
+            except Exception as e:  # noqa: BLE001
+                outcome, payload = "judge_error", f"{type(e).__name__}: {e}"
+        if outcome == "hang":
+            delay = cfg.hang_seconds
+        return outcome, delay, payload
 
     def _completion(self, body: dict, content: str) -> dict:
         prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
@@ -518,10 +770,13 @@ class JudgeServer:
             self._handlers.add(task)
         c = self._counters
         with c.lock:  # arrival is stamped before anything can await
+            now = time.monotonic()
             c.requests += 1
             c.in_flight += 1
             c.peak = max(c.peak, c.in_flight)
-            c.arrivals.append(time.monotonic())
+            c.arrivals.append(now)
+            record = [now, None, None]  # arrived, outcome, finished
+            c.records.append(record)
         try:
             try:
                 body = await request.json()
@@ -530,18 +785,24 @@ class JudgeServer:
             except Exception as e:  # noqa: BLE001
                 with c.lock:
                     c.outcomes["bad_request"] += 1
+                    record[1] = "bad_request"
                 return _error(400, f"bad request: {e}", "invalid_request_error", None)
 
-            outcome, delay, payload = self._decide(body["messages"])
-            if outcome == "rate_limited":  # the front door answers at once, as real APIs do
-                return _error(429, "Rate limit reached (rpm_limit)", "requests", "rate_limit_exceeded", max(delay, 0.0))
+            outcome, delay, payload = self._decide(body["messages"], record)
+            # The front door answers at once, as real APIs do.
+            if outcome == "rate_limited":
+                return _error(429, "Rate limit reached", "requests", "rate_limit_exceeded", delay)
+            if outcome == "storm":
+                return _error(429, "Rate limit reached (storm)", "requests", "rate_limit_exceeded", delay)
             if delay > 0:
                 await asyncio.sleep(delay)  # hang: hang_seconds; cancelled by client disconnect or close()
 
-            retry = self.config.retry_after_s
+            retry = retry_after_header(self.config.retry_after_s, self.config.retry_after_whole_seconds)
             if outcome == "429":
                 return _error(429, "Injected rate limit", "requests", "rate_limit_exceeded", retry)
             if outcome == "500":
+                if self._big_error is not None:
+                    return web.Response(body=self._big_error, status=500, content_type="application/json")
                 return _error(500, "Injected internal error", "server_error", None)
             if outcome == "503":
                 return _error(503, "Injected overload", "server_error", None, retry)
@@ -560,6 +821,7 @@ class JudgeServer:
         finally:
             with c.lock:
                 c.in_flight -= 1
+                record[2] = time.monotonic()
             if task is not None:
                 self._handlers.discard(task)
 
@@ -572,6 +834,13 @@ def _parse_latency(text: str) -> float | tuple[float, float]:
         lo, hi = text.split(":", 1)
         return (float(lo), float(hi))
     return float(text)
+
+
+def _parse_storm(text: str) -> tuple[float, float]:
+    start, sep, duration = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--storm needs START:DURATION seconds, got {text!r}")
+    return float(start), float(duration)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -590,6 +859,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hang-seconds", type=float, default=3600.0)
     p.add_argument("--rpm-limit", type=int, default=None)
     p.add_argument("--rpm-window", type=float, default=60.0, help="limiter window seconds (default 60)")
+    p.add_argument("--bucket-capacity", type=int, default=None, help="token bucket: capacity (burst) in requests")
+    p.add_argument("--bucket-refill", type=float, default=1.0, help="token bucket: tokens per second")
+    p.add_argument("--retry-after-whole-seconds", action="store_true", help="round every Retry-After up to whole seconds")
+    p.add_argument("--storm", type=_parse_storm, default=None, metavar="START:DURATION",
+                   help="429 storm: every request refused from START to START+DURATION seconds after start")
+    p.add_argument("--storm-retry-after", type=float, default=1.0, help="Retry-After seconds during a storm")
+    p.add_argument("--error-body-bytes", type=int, default=0, help="body size of injected 500s (0 = small)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -608,6 +884,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             hang_seconds=a.hang_seconds,
             rpm_limit=a.rpm_limit,
             rpm_window_s=a.rpm_window,
+            bucket_capacity=a.bucket_capacity,
+            bucket_refill_per_s=a.bucket_refill,
+            retry_after_whole_seconds=a.retry_after_whole_seconds,
+            storm_start_s=a.storm[0] if a.storm else None,
+            storm_duration_s=a.storm[1] if a.storm else 0.0,
+            storm_retry_after_s=a.storm_retry_after,
+            error_body_bytes=a.error_body_bytes,
             seed=a.seed,
         )
     except ValueError as e:

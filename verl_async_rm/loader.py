@@ -24,18 +24,30 @@ from verl_async_rm.outcome import RewardFunctionError
 SCORE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
+PKG_PREFIX = "pkg://"  # verl's spelling for a module path: pkg://package.module (or package/module)
+FILE_PREFIX = "file://"
+
+
 @dataclass(frozen=True)
 class RewardSpec:
     """Where a reward lives; enough to load it again in another process."""
 
-    path: str | None  # None: ``name`` is "package.module:attribute"
+    path: str | None  # a file, ``file://`` + a file, ``pkg://package.module``; None: ``name`` is "package.module:attribute"
     name: str
     kwargs: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         """How errors name the reward: ``file.py:name`` or ``package.module:attribute``."""
-        return f"{os.path.basename(self.path)}:{self.name}" if self.path else self.name
+        if self.path is None:
+            return self.name
+        if self.path.startswith(PKG_PREFIX):
+            return f"{_pkg_module(self.path)}:{self.name}"
+        return f"{os.path.basename(self.path)}:{self.name}"
+
+
+def _pkg_module(path: str) -> str:
+    return path[len(PKG_PREFIX) :].replace("/", ".").strip(".")
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,12 @@ def _check_signature(fn: Callable, label: str, kwargs: dict) -> None:
 
 
 def load_module(path: str):
+    """A reward module by path, as verl's ``custom_reward_function.path`` accepts it: a file path
+    (optionally ``file://``), or ``pkg://package.module`` for an installed module."""
+    if path.startswith(PKG_PREFIX):
+        return importlib.import_module(_pkg_module(path))
+    if path.startswith(FILE_PREFIX):
+        path = path[len(FILE_PREFIX) :]
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"reward file not found: {path}")
@@ -116,7 +134,7 @@ def load_reward(path: str | None, name: str, kwargs: dict | None = None) -> User
 def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None = None) -> UserReward:
     """Accept a function, a class (instantiated here with ``kwargs``) or an instance with ``compute_score``."""
     kwargs = dict(kwargs or {})
-    label = spec.label if spec is not None else getattr(obj, "__qualname__", repr(obj))
+    label = spec.label if spec is not None else getattr(obj, "__qualname__", None) or type(obj).__qualname__
     if inspect.isclass(obj):
         if not callable(getattr(obj, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")
@@ -153,14 +171,51 @@ def _from_instance(instance: Any, label: str, spec: RewardSpec | None) -> UserRe
     )
 
 
-def check_spec(spec: RewardSpec) -> None:
-    """Fail early on a bad path, name or signature without instantiating a class (its constructor
-    may open connections); the agent loads the reward for real where it runs."""
+def _check_constructor(cls: type, label: str, kwargs: dict) -> None:
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(kwargs)}: {exc}") from None
+
+
+def _close(instance: Any) -> None:
+    """Release what a checked instance holds (``aclose()`` or ``close()``, as the agent does)."""
+    closer = getattr(instance, "aclose", None) or getattr(instance, "close", None)
+    if not callable(closer):
+        return
+    result = closer()
+    if inspect.isawaitable(result):
+        import asyncio
+
+        asyncio.run(result)
+
+
+def check_spec(spec: RewardSpec, *, construct: bool = False) -> None:
+    """Fail early on a bad path, name, signature or keyword arguments.
+
+    A class is checked against its constructor's signature; with ``construct=True`` (once, at start,
+    in the driver) it is also built with its kwargs and closed again, so what only its constructor
+    checks (e.g. a judge's missing ``model``) fails at start, not at the first reward in an actor."""
     target = _find(spec)
     label = spec.label
     if inspect.isclass(target):
         if not callable(getattr(target, "compute_score", None)):
             raise RewardFunctionError(f"class {label} has no compute_score method")
+        _check_constructor(target, label, spec.kwargs)
+        if construct:
+            try:
+                instance = target(**spec.kwargs)
+            except Exception as exc:  # noqa: BLE001 - any constructor error is a configuration error here
+                raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(spec.kwargs)}: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            try:
+                _check_signature(instance.compute_score, f"{label}.compute_score", {})
+            finally:
+                _close(instance)
     elif not callable(target):
         raise RewardFunctionError(f"{label} is a {type(target).__name__}, not a function or a class")
     else:

@@ -1,43 +1,35 @@
 """``python -m verl_async_rm.main_ppo``: verl's main_ppo with this package's config.
 
-Same overrides as verl's own entry point, plus: the older spelling
-``reward_model.reward_manager.name=async_agent`` (moved to ``reward.reward_manager.name``), and the
-``reward.async_agent`` settings, validated here before any Ray worker starts.
+Same overrides as verl's own entry point, plus: verl's whole legacy reward block (the selector
+``reward_model.reward_manager[.name]``, ``custom_reward_function.*``, ...; moved to ``reward.*`` by
+``integration.legacy_config``), the ``reward.async_agent`` settings (with or without ``+``), validated
+here before any Ray worker starts, and the strategy flags.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import hydra
 from omegaconf import DictConfig, open_dict
 
+from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
 from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
 from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
-
-
-def migrate_legacy_selector(config: DictConfig) -> DictConfig:
-    """``reward_model.reward_manager.name`` -> ``reward.reward_manager.name``; then the legacy node is
-    put back to verl's shape (null), which the rest of verl expects."""
-    legacy = config.get("reward_model", {}).get("reward_manager")
-    name = legacy.get("name") if isinstance(legacy, DictConfig) else legacy
-    with open_dict(config):
-        if name:
-            config.reward.reward_manager.name = name
-        if "reward_model" in config and isinstance(legacy, DictConfig):
-            config.reward_model.reward_manager = None
-    return config
+CONFIG_NAME = "async_ppo_trainer"  # verl_async_rm/hydra_conf/: verl's ppo_trainer plus our settings
+SETTINGS_CONFIG = "async_reward_settings"  # our keys alone, shared by async_ppo_trainer and async_ppo_megatron_trainer
 
 
 def prepare(config: DictConfig) -> DictConfig:
-    config = migrate_legacy_selector(config)
+    migrate_legacy_reward_config(config)  # the whole legacy block, whichever manager it names
     strategy = strategy_from_mapping(config)
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
-        check_spec(settings_from_verl_config(config).reward)  # bad settings or reward: fail now, not in a worker
+        check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
     check_strategy(strategy, shape_from_config(config))  # everything the strategies cannot run as verl would
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
@@ -56,7 +48,7 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
-@hydra.main(config_path="pkg://hydra_conf", config_name="async_ppo_trainer", version_base=None)
+@hydra.main(config_path="pkg://verl_async_rm.hydra_conf", config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
     config = prepare(config)
     if not strategy_from_mapping(config).enabled or config.trainer.get("use_v1", True):
@@ -76,17 +68,47 @@ def main(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
 
 
-STRATEGY_KEYS = ("mini_batch_pipeline", "update_pipeline", "off_policy_steps")
+@functools.cache
+def declared_keys() -> frozenset[str]:
+    """Dotted leaf keys our configs declare on top of verl's (settings and strategy flags)."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    ours = OmegaConf.create(files("verl_async_rm.hydra_conf").joinpath(f"{SETTINGS_CONFIG}.yaml").read_text())
+    keys: set[str] = set()
+
+    def walk(node, prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, DictConfig):
+                walk(value, f"{dotted}.")
+            else:
+                keys.add(dotted)
+
+    walk(ours, "")
+    return frozenset(keys)
 
 
 def accept_recipe_spellings(argv: list[str]) -> list[str]:
-    """The recipe writes ``+mini_batch_pipeline=True`` (``+`` adds a key hydra does not know); our
-    config declares these keys with defaults, and hydra refuses to add an existing key. So the
-    ``+`` is dropped for them, and both spellings work."""
-    return [arg[1:] if arg.startswith("+") and arg[1:].split("=", 1)[0] in STRATEGY_KEYS else arg for arg in argv]
+    """The recipe writes ``+mini_batch_pipeline=True``, verl's entry point needs
+    ``+reward.async_agent.max_concurrency=64`` (``+`` adds a key hydra does not know); our config
+    declares these keys with defaults, and hydra refuses to add an existing key. So the ``+`` is
+    dropped for every key our config declares, and both spellings work on both entry points."""
+    declared = declared_keys()
+    return [arg[1:] if arg.startswith("+") and arg[1:].split("=", 1)[0] in declared else arg for arg in argv]
+
+
+def refuse_unsupported_verl() -> None:
+    """On a verl outside the supported range the plugin disabled itself (it only warns, so verl keeps
+    working for everyone); this entry point exists for our features, so here it is an error."""
+    from verl_async_rm.verl_compat import check_installed_version
+
+    check_installed_version("python -m verl_async_rm.main_ppo")
 
 
 def cli() -> None:
+    refuse_unsupported_verl()
     sys.argv[1:] = accept_recipe_spellings(sys.argv[1:])
     main()
 

@@ -1,9 +1,29 @@
-"""What one reward request ends as, and what a caller gets back: plain data, no I/O."""
+"""What one reward request ends as, what a caller gets back, and the errors a caller can see.
+Plain data, no I/O.
+
+Errors (all raised by ``get``/``take`` or the per-sample call, never swallowed):
+- ``RewardError``: a reward could not be computed and the failure policy is ``raise``;
+  ``FailureBudgetExceeded`` (a ``RewardError``): failures are systematic (service down, bad key,
+  broken reward), past ``max_failure_rate`` of a ticket or of the agent's recent samples;
+- ``TicketCancelled``: the ticket was cancelled;
+- ``AgentClosed``: the agent was closed while the caller waited;
+- ``RewardFunctionError``: the reward or its return value is unusable (raised at load time, or
+  recorded as a sample's ``invalid`` failure).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Hashable
+
+MAX_ERROR_CHARS = 2_000  # a failed sample keeps at most this much of its error text
+
+
+def bounded_message(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Error text as kept per sample: a 10 MB HTTP body must not be copied into every sample."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... [{len(text) - limit} more characters cut]"
 
 
 @dataclass(frozen=True)
@@ -29,12 +49,16 @@ class Scored:
 @dataclass(frozen=True)
 class Failed:
     """A request that produced no usable score. ``kind`` is a short machine-readable cause
-    (``timeout``, ``deadline``, ``error``, ``invalid``, ``http_429`` ...); ``message`` names the sample."""
+    (``timeout``, ``deadline``, ``error``, ``invalid``, ``http_429``, ``hook_error`` ...); ``message``
+    names the sample and is bounded (``MAX_ERROR_CHARS``). The exception object itself is not kept:
+    it can hold a whole HTTP response."""
 
     kind: str
     message: str
-    error: BaseException | None = None
     attempts: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", bounded_message(self.message))
 
 
 Outcome = Scored | Failed
@@ -64,8 +88,17 @@ class RewardError(RuntimeError):
     """A reward could not be computed and the failure policy says to raise."""
 
 
+class FailureBudgetExceeded(RewardError):
+    """Failures are systematic: more than ``max_failure_rate`` of a ticket's samples, or of the agent's
+    recent samples. The message gives the failure kinds and the first messages."""
+
+
 class TicketCancelled(RuntimeError):
     """The ticket was cancelled (``RewardAgent.cancel``): its remaining scores will never come."""
+
+
+class AgentClosed(RuntimeError):
+    """The agent was closed (or its loop stopped) while the caller waited or before it called."""
 
 
 class RewardFunctionError(TypeError):

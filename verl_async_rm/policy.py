@@ -1,4 +1,4 @@
-"""Failure policies: how a group with failed rewards becomes a list of scores. Pure functions.
+"""Failure policies: how a group with failed rewards becomes a list of scores. Pure.
 
 Order in the agent: the policy runs first, then the user's ``post_process_scores`` sees the group's
 complete numeric scores (failed samples already filled, flagged in their extra info).
@@ -8,36 +8,79 @@ complete numeric scores (failed samples already filled, flagged in their extra i
   ``neutral_value`` for every sample, so the whole group contributes nothing.
 - ``fill``: a failed sample gets ``fill_value``.
 - ``raise``: the ticket fails with the first failure, the sample named.
+
+Each policy is a small value object with one question to answer: what score does a failed sample
+of this group get? (``None``: none, raise.) The config names one; ``failure_policy`` builds it.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from verl_async_rm.groups import GroupResult, SettledGroup
+from verl_async_rm.engine.ledger import GroupResult, SettledGroup
 from verl_async_rm.outcome import Failed, RewardError, Scored
 
-FailurePolicy = Literal["neutral", "fill", "raise"]
+PolicyName = Literal["neutral", "fill", "raise"]
 POLICIES: tuple[str, ...] = ("neutral", "fill", "raise")
+
+
+class FailurePolicy(Protocol):
+    name: str
+
+    def substitute(self, successes: list[float]) -> float | None:
+        """The score of a failed sample in a group with these successful scores; None: raise."""
+
+
+@dataclass(frozen=True)
+class Neutral:
+    neutral_value: float = 0.0
+    name: str = "neutral"
+
+    def substitute(self, successes: list[float]) -> float:
+        return sum(successes) / len(successes) if successes else self.neutral_value
+
+
+@dataclass(frozen=True)
+class Fill:
+    fill_value: float = 0.0
+    name: str = "fill"
+
+    def substitute(self, successes: list[float]) -> float:
+        return self.fill_value
+
+
+@dataclass(frozen=True)
+class Raise:
+    name: str = "raise"
+
+    def substitute(self, successes: list[float]) -> None:
+        return None
+
+
+def failure_policy(name: str, *, fill_value: float = 0.0, neutral_value: float = 0.0) -> FailurePolicy:
+    if name == "neutral":
+        return Neutral(neutral_value)
+    if name == "fill":
+        return Fill(fill_value)
+    if name == "raise":
+        return Raise()
+    raise ValueError(f"unknown failure policy {name!r}; choose one of {POLICIES}")
 
 
 def failure_extra(failure: Failed) -> dict:
     return {"reward_failed": 1, "reward_failure": failure.kind, "reward_error": failure.message}
 
 
-def resolve_group(
-    group: SettledGroup, policy: FailurePolicy, *, fill_value: float = 0.0, neutral_value: float = 0.0
-) -> GroupResult:
+def resolve_group(group: SettledGroup, policy: FailurePolicy) -> GroupResult:
+    """Scores for a settled group; ``RewardError`` (the first failure named) when the policy raises."""
     successes = [o.score for o in group.outcomes if isinstance(o, Scored)]
-    failures = [o for o in group.outcomes if isinstance(o, Failed)]
-    if failures and policy == "raise":
-        raise RewardError(failures[0].message) from failures[0].error
-    if policy == "neutral":
-        substitute = sum(successes) / len(successes) if successes else neutral_value
-    elif policy == "fill":
-        substitute = fill_value
-    elif failures:
-        raise ValueError(f"unknown failure policy {policy!r}; choose one of {POLICIES}")
+    substitute = None
+    if len(successes) < len(group.outcomes):
+        substitute = policy.substitute(successes)
+        if substitute is None:
+            first = next(o for o in group.outcomes if isinstance(o, Failed))
+            raise RewardError(first.message)
     scores, extras = [], []
     for outcome in group.outcomes:
         if isinstance(outcome, Scored):

@@ -22,3 +22,8 @@ def score(kwargs: dict):
     if _reward is None:
         raise RuntimeError("process worker used before its reward was loaded")
     return _reward.score_fn(**kwargs, **_reward.call_kwargs)
+
+
+def call(fn, call_kwargs: dict, fields: dict):
+    """An in-memory (picklable, module-level) reward function, called in a worker process."""
+    return fn(**fields, **call_kwargs)

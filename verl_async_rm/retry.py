@@ -13,7 +13,8 @@ import email.utils
 import time
 from dataclasses import dataclass
 
-from tenacity import wait_random_exponential
+from tenacity import stop_after_attempt, wait_random_exponential
+from tenacity.wait import wait_base
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 THROTTLE_STATUS = frozenset({429, 503})
@@ -80,6 +81,8 @@ def _is_connection_error(exc: BaseException) -> bool:
 def classify(exc: BaseException) -> FailureInfo:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or type(exc).__name__ in ("APITimeoutError", "ReadTimeout"):
         return FailureInfo("timeout", True, False, None)
+    if type(exc).__name__ == "ProcessExpired":  # pebble: the worker process died (crash, OOM kill); it is replaced
+        return FailureInfo("worker_died", True, False, None)
     status = status_code_of(exc)
     if status is not None:
         retry_after = retry_after_of(exc)
@@ -88,24 +91,54 @@ def classify(exc: BaseException) -> FailureInfo:
         return FailureInfo("connection", True, False, None)
     if getattr(exc, "retryable", False) is True:
         kind = getattr(exc, "kind", None)
-        return FailureInfo(kind if isinstance(kind, str) else "retryable_error", True, False, retry_after_of(exc))
+        throttled = getattr(exc, "throttled", False) is True  # a reward's own "slow down" signal
+        return FailureInfo(kind if isinstance(kind, str) else "retryable_error", True, throttled, retry_after_of(exc))
     return FailureInfo("error", False, False, None)
 
 
-class Backoff:
-    """Exponential backoff with full jitter (tenacity's ``wait_random_exponential``), never shorter
-    than the service's Retry-After."""
-
-    def __init__(self, initial: float, maximum: float):
-        self._wait = wait_random_exponential(multiplier=initial, max=maximum)
-
-    def delay(self, failed_attempts: int, retry_after: float | None) -> float:
-        jittered = self._wait(_AttemptState(failed_attempts))
-        return max(jittered, retry_after or 0.0)
-
-
-@dataclass
 class _AttemptState:
-    """The one field of tenacity's RetryCallState that its exponential waits read."""
+    """The fields of tenacity's RetryCallState that its stop and wait strategies read."""
 
-    attempt_number: int
+    __slots__ = ("attempt_number", "retry_after")
+
+    def __init__(self, attempt_number: int, retry_after: float | None):
+        self.attempt_number = attempt_number
+        self.retry_after = retry_after
+
+
+class wait_at_least_retry_after(wait_base):
+    """Tenacity wait: the inner wait, never shorter than the service's Retry-After, never longer
+    than ``maximum``. What wins: the ticket deadline (it settles the sample whatever the wait),
+    then ``maximum`` (``backoff_max``), then Retry-After, then the jittered backoff."""
+
+    def __init__(self, inner: wait_base, maximum: float):
+        self.inner = inner
+        self.maximum = maximum
+
+    def __call__(self, retry_state) -> float:
+        return min(self.maximum, max(self.inner(retry_state), retry_state.retry_after or 0.0))
+
+
+class RetryPolicy:
+    """When a failed attempt is tried again, and after how long: tenacity's composable strategies
+    (``stop_after_attempt``, ``wait_random_exponential``: exponential backoff with full jitter),
+    evaluated per failed attempt.
+
+    Why not ``tenacity.AsyncRetrying`` itself: its loop runs inside one coroutine, so a retrying
+    sample would keep a task (and, around the call, a concurrency slot) while it sleeps. Here a
+    failed attempt ends its task; the sample waits as plain data on a timer and then re-enters the
+    admission queue (cap, pause, pace, deadline) like any other request.
+    Throttles (429/503) never reach this policy: they are flow control (``engine.flow``), and they
+    do not use up attempts.
+    """
+
+    def __init__(self, max_attempts: int, backoff_initial: float, backoff_max: float):
+        self.stop = stop_after_attempt(max_attempts)
+        self.wait = wait_at_least_retry_after(wait_random_exponential(multiplier=backoff_initial, max=backoff_max), backoff_max)
+
+    def next_delay(self, failed_attempts: int, retry_after: float | None = None) -> float | None:
+        """Seconds to wait before the next attempt, or None when the attempts are used up."""
+        state = _AttemptState(failed_attempts, retry_after)
+        if self.stop(state):
+            return None
+        return self.wait(state)

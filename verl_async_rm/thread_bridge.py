@@ -8,18 +8,27 @@ py-spy on 10k zero-latency sync rewards, where the event loop is the bottleneck)
 - ``executor.submit`` builds a ``concurrent.futures.Future`` (with its Condition and RLock) per call,
   13% of the loop's time, only to be chained to an asyncio future. Here the asyncio future is the
   only one, so the pool is a plain queue and threads (spawned on demand, up to ``max_threads``, as
-  ThreadPoolExecutor does).
+  ThreadPoolExecutor does);
+- a thread cannot be stopped, so a call the agent gave up on (a timeout) keeps running. The caller
+  must know when it really ends (its concurrency slot is held until then), and a call that never
+  ends must not take a thread for good: ``run(..., on_late_end=...)`` reports the end of a call
+  whose future was already given up, and ``add_capacity`` lets the agent replace a hung thread.
+  So threads are counted exactly (idle, and jobs waiting for one): ThreadPoolExecutor's idle
+  semaphore keeps a permit for every finished job, which stays after the thread took another job;
+  with hung threads those stale permits claim idle threads that do not exist, and jobs wait forever.
 Nothing polls: a result never waits for a timer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from typing import Any, Callable
 
 _STOP = None
+_log = logging.getLogger(__name__)
 
 
 class ThreadBridge:
@@ -29,23 +38,38 @@ class ThreadBridge:
         self._name = name
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._idle = threading.Semaphore(0)  # one permit per idle worker
-        self._lock = threading.Lock()
-        self._finished: list[tuple[asyncio.Future, bool, Any]] = []
+        self._lock = threading.Lock()  # guards the counts below and the finished list
+        self._idle_threads = 0  # waiting for a job
+        self._waiting_jobs = 0  # queued, not taken by a thread yet
+        self._finished: list[tuple[asyncio.Future, Callable | None, bool, Any]] = []
         self._wake_pending = False
         self._closed = False
 
-    def run(self, call: Callable[[], Any]) -> asyncio.Future:
-        """Schedule ``call()`` on a worker thread; the returned future (of this loop) gets its result."""
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    def run(self, call: Callable[[], Any], on_late_end: Callable[[], None] | None = None) -> asyncio.Future:
+        """Schedule ``call()`` on a worker thread; the returned future (of this loop) gets its result.
+        If that future is cancelled first, ``on_late_end()`` runs on the loop once the call has
+        really ended (or was skipped because it had not started)."""
         if self._closed:
             raise RuntimeError("the reward agent's threads are shut down")
         future = self._loop.create_future()
-        self._calls.put((call, future))
-        if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_threads:
-            thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads)}", daemon=True)
+        with self._lock:
+            self._waiting_jobs += 1
+            spawn = self._waiting_jobs > self._idle_threads and len(self._threads) < self._max_threads
+            if spawn:
+                thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+        self._calls.put((call, future, on_late_end))
+        if spawn:
             thread.start()
-            self._threads.append(thread)
         return future
+
+    def add_capacity(self, delta: int) -> None:
+        """One more (or fewer) thread allowed: a thread stuck in a hung call is replaced."""
+        self._max_threads += delta
 
     def shutdown(self) -> None:
         """Stop the workers once their current call returns (queued calls are dropped unread)."""
@@ -60,13 +84,19 @@ class ThreadBridge:
 
     def _worker(self) -> None:
         while True:
+            with self._lock:
+                self._idle_threads += 1
             job = self._calls.get()
             if job is _STOP:
                 return
-            call, future = job
-            if not future.done():  # a waiter cancelled before the call started: skip it
-                self._finish(future, *self._call(call))
-            self._idle.release()
+            with self._lock:
+                self._idle_threads -= 1
+                self._waiting_jobs -= 1
+            call, future, on_late_end = job
+            if future.done():  # given up before it started: skipped, but its end is still reported
+                self._finish(future, on_late_end, False, None)
+            else:
+                self._finish(future, on_late_end, *self._call(call))
 
     @staticmethod
     def _call(call: Callable[[], Any]) -> tuple[bool, Any]:
@@ -77,9 +107,9 @@ class ThreadBridge:
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, like run_in_executor
             return False, exc
 
-    def _finish(self, future: asyncio.Future, ok: bool, value: Any) -> None:
+    def _finish(self, future: asyncio.Future, on_late_end: Callable | None, ok: bool, value: Any) -> None:
         with self._lock:
-            self._finished.append((future, ok, value))
+            self._finished.append((future, on_late_end, ok, value))
             if self._wake_pending:
                 return  # the pending drain will take this result too
             self._wake_pending = True
@@ -92,10 +122,14 @@ class ThreadBridge:
         with self._lock:
             finished, self._finished = self._finished, []
             self._wake_pending = False
-        for future, ok, value in finished:
-            if future.done():  # the awaiting task was cancelled (timeout, deadline, close)
-                continue
-            if ok:
+        for future, on_late_end, ok, value in finished:
+            if future.done():  # the awaiting side gave up (timeout, deadline, cancel, close)
+                if on_late_end is not None:
+                    try:
+                        on_late_end()
+                    except Exception:  # noqa: BLE001 - the other results must still be delivered
+                        _log.exception("reporting the late end of a reward call failed")
+            elif ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)

@@ -115,6 +115,13 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
 )
 
 
+# Not verl's, but private all the same: hydra's, used by integration/stock_entry.py (the install
+# helper's hook on verl's own entry point). Checked the same way as verl's.
+OTHER_INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
+    ("hydra.plugins.config_source", "ConfigSource._normalize_file_name", ("filename",), "integration/stock_entry.py"),
+    ("hydra.plugins.config_source", "ConfigSource._get_header_dict", ("config_text",), "integration/stock_entry.py"),
+)
+
 # Instance attributes (set in a verl method, so not on the class): (module, class, attribute, the
 # method that sets it, who relies on it). ``ThreadPoolExecutor._shutdown`` is the standard library's,
 # read exactly as verl's own fit reads it.

@@ -1,6 +1,6 @@
 """JudgeReward that appends one line per group hook call to a file (visible across processes)."""
 
-from user_rewards.llm_judge import JudgeReward
+from verl_async_rm.user_rewards.llm_judge import JudgeReward
 
 
 class CountingJudge(JudgeReward):

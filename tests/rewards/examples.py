@@ -49,3 +49,22 @@ def wrong_signature(text):
 
 
 NOT_CALLABLE = 3
+
+
+class Checked:
+    """Validates its configuration in the constructor; records every build and close."""
+
+    built = 0
+    closed = 0
+
+    def __init__(self, model=None, threshold=0.5):
+        if model is None:
+            raise ValueError("Checked needs a model")
+        Checked.built += 1
+        self.model = model
+
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+    async def aclose(self):
+        Checked.closed += 1

@@ -85,8 +85,7 @@ def test_batched_sampler_logprobs_match_a_full_forward(tmp_path):
         assert torch.allclose(ref, torch.tensor(lps), atol=1e-5)
 
 
-@pytest.mark.quick
-def test_overrides_compose_against_verls_config(tmp_path):
+def test_overrides_compose_against_verls_config(tmp_path):  # not quick: a ~6 s subprocess
     """Caller's reward file/kwargs/manager and extra overrides reach verl's config (hydra --cfg job)."""
     import yaml
 

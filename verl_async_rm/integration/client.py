@@ -1,67 +1,50 @@
-"""How a reward manager reaches the agent: the job's shared named Ray actor, or, when no Ray is
-running (a script, a test), an agent in this process."""
+"""How the verl integration reaches the agent: the job's shared named Ray actor, or, when no Ray is
+running (a script, a test), an agent in this process. Both speak ``client.RewardClient``."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from verl_async_rm.agent import RewardAgent
+from verl_async_rm.client import RewardClient
 from verl_async_rm.integration.settings import AsyncAgentSettings
-from verl_async_rm.loader import load_reward
-from verl_async_rm.outcome import ScoredChunk
-from verl_async_rm.ray_agent import get_or_create_agent_actor
+
+
+def connect(settings: AsyncAgentSettings) -> RewardClient:
+    import ray
+
+    if ray.is_initialized():
+        from verl_async_rm.ray_agent import RayRewardClient, get_or_create_agent_actor
+
+        # One actor per job, created by whichever process asks first: the cap, rate limits and cache
+        # hold for all of verl's reward workers together.
+        actor = get_or_create_agent_actor(settings.reward, settings.agent.model_dump(), name=settings.actor_name)
+        return RayRewardClient(actor)
+    from verl_async_rm.agent import RewardAgent
+    from verl_async_rm.loader import load_reward
+
+    return RewardAgent(load_reward(settings.reward.path, settings.reward.name, settings.reward.kwargs), settings.agent)
 
 
 class AgentClient:
+    """The integration's handle on the agent (kept for the strategies' ``take``/``score_batch``)."""
+
     def __init__(self, settings: AsyncAgentSettings):
-        import ray
-
         self.settings = settings
-        self._actor = None
-        self._local: RewardAgent | None = None
-        if ray.is_initialized():
-            # One actor per job, created by whichever worker asks first: the cap, rate limits and
-            # cache hold for all of verl's reward workers together.
-            self._actor = get_or_create_agent_actor(
-                settings.reward, settings.agent.model_dump(), name=settings.actor_name
-            )
-        else:
-            reward = load_reward(settings.reward.path, settings.reward.name, settings.reward.kwargs)
-            self._local = RewardAgent(reward, settings.agent)
+        self.client = connect(settings)
 
-    async def score_in_group(self, request: dict, uid: Any, group_size: int, group_wait: float | None):
-        if self._actor is not None:
-            return await self._actor.score_in_group.remote(request, uid, group_size, group_wait)
-        return await self._local.ascore_in_group(request, uid, group_size, group_wait)
+    async def score_in_group(self, request: dict, uid, group_size: int, group_wait: float | None):
+        return await self.client.score_in_group(request, uid, group_size, group_wait)
 
-    def submit(self, requests: list[dict], group_size: int) -> int:
-        if self._actor is not None:
-            import ray
+    def submit(self, requests: list[dict], group_size: int) -> str:
+        return self.client.submit(requests, group_size)
 
-            return ray.get(self._actor.submit.remote(requests, group_size))
-        return self._local.submit(requests, group_size)
-
-    def take(self, ticket: int, n: int | None = None) -> ScoredChunk:
+    def take(self, ticket: str, n: int | None = None):
         """Whole groups totalling ``n`` samples (all that remain when None), blocking until ready."""
-        if self._actor is not None:
-            import ray
+        return self.client.get(ticket, n)
 
-            return ray.get(self._actor.get.remote(ticket, n))
-        return self._local.get(ticket, n)
+    def cancel(self, ticket: str) -> int:
+        return self.client.cancel(ticket)
 
-    def cancel(self, ticket: int) -> int:
-        if self._actor is not None:
-            import ray
-
-            return ray.get(self._actor.cancel.remote(ticket))
-        return self._local.cancel(ticket)
-
-    def score_batch(self, requests: list[dict], group_size: int) -> ScoredChunk:
+    def score_batch(self, requests: list[dict], group_size: int):
         return self.take(self.submit(requests, group_size))
 
     def metrics(self) -> dict:
-        if self._actor is not None:
-            import ray
-
-            return ray.get(self._actor.metrics.remote())
-        return self._local.metrics()
+        return self.client.metrics()

@@ -1,7 +1,7 @@
 """The ``async_agent`` manager's settings, read from verl's config and validated at start.
 
 Agent settings live in a ``reward.async_agent`` block (``+reward.async_agent.max_concurrency=64`` with
-verl's own config; declared with defaults in ``hydra_conf/``). Besides every ``AgentConfig`` field it
+verl's own config; declared with defaults in ``verl_async_rm/hydra_conf/``). Besides every ``AgentConfig`` field it
 takes the integration's own keys below. The reward itself comes from verl's usual
 ``reward.custom_reward_function.path/name`` (+ ``reward_kwargs``); without one, verl's
 ``default_compute_score``.

@@ -7,8 +7,9 @@ Two forms, as in the recipe:
   with ``post_process_scores`` replacing unusable (NaN or negative) scores by the group mean.
 
 Settings come from reward kwargs or the environment: ``base_url`` (``JUDGE_BASE_URL``, then
-``OPENAI_BASE_URL``), ``api_key`` (``JUDGE_API_KEY``, then ``OPENAI_API_KEY``), ``model``
-(``JUDGE_MODEL``). The client's own retries are off (``max_retries=0``): the agent owns retries,
+``OPENAI_BASE_URL``), ``api_key`` (``JUDGE_API_KEY``, then ``OPENAI_API_KEY``; with a ``base_url`` and
+no key, ``"EMPTY"``, the placeholder self-hosted OpenAI-compatible servers such as vLLM accept when
+started without ``--api-key``), ``model`` (``JUDGE_MODEL``; required: there is no sensible default). The client's own retries are off (``max_retries=0``): the agent owns retries,
 backoff, rate limits and Retry-After, for all requests together.
 
 The judge is asked for a single number; a reply that is not one (or a body that is not a
@@ -52,12 +53,20 @@ def parse_score(content) -> float:
     return score
 
 
+SELF_HOSTED_API_KEY = "EMPTY"
+
+
 def client_settings(base_url=None, api_key=None, model=None) -> tuple[str | None, str, str]:
     base_url = base_url or os.environ.get("JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
     api_key = api_key or os.environ.get("JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    if not api_key and base_url:
+        api_key = SELF_HOSTED_API_KEY
     model = model or os.environ.get("JUDGE_MODEL")
-    if not api_key or not model:
-        raise ValueError("the LLM judge needs api_key and model (reward kwargs, or JUDGE_API_KEY / JUDGE_MODEL)")
+    if not model:
+        raise ValueError("the LLM judge needs a model: reward kwarg model=... or JUDGE_MODEL")
+    if not api_key:
+        raise ValueError("the LLM judge needs api_key (reward kwarg, JUDGE_API_KEY or OPENAI_API_KEY) or a "
+                         "self-hosted base_url")
     return base_url, api_key, model
 
 

@@ -1,7 +1,9 @@
 """GSM8K reward: extract the final answer from what a model actually writes and compare numerically.
 
-Recognised, most explicit first: ``#### 18``, ``\\boxed{18}``, ``The answer is 18``, ``A: 18``; otherwise
-the last number in the text. Commas, ``$``, units and a trailing period are tolerated.
+Recognised answer statements: ``#### 18``, ``\\boxed{18}``, ``The answer is 18``, ``A: 18``. The LAST
+statement in the text wins, whatever its kind (a model that writes "the answer is 7" and then corrects
+itself with a final "A: 18" answered 18); without any, the last number in the text. Commas, ``$``,
+units and a trailing period are tolerated.
 
 Optional simulated latency, as in the recipe's experiment (uniform 1-40 s there): pass
 ``latency_lo``/``latency_hi`` seconds as reward kwargs. ``compute_score`` sleeps in its thread;
@@ -15,7 +17,7 @@ import random
 import re
 import time
 
-_NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?"
+_NUMBER = r"(?:-\$|\$-|-|\$)?\s*\d[\d,]*(?:\.\d+)?"  # -5, $5, -$5, $-5
 _PATTERNS = [
     re.compile(r"####\s*(" + _NUMBER + ")"),
     re.compile(r"\\boxed\{\s*(" + _NUMBER + r")[^}]*\}"),
@@ -35,10 +37,9 @@ def _to_number(text: str) -> float | None:
 
 def extract_answer(text: str) -> float | None:
     """The model's final numeric answer, or None if it wrote no number."""
-    for pattern in _PATTERNS:
-        matches = pattern.findall(text)
-        if matches:
-            return _to_number(matches[-1])
+    statements = [(m.start(1), m.group(1)) for pattern in _PATTERNS for m in pattern.finditer(text)]
+    if statements:
+        return _to_number(max(statements)[1])  # the last statement in the text, whatever its kind
     numbers = _ANY_NUMBER.findall(text)
     return _to_number(numbers[-1]) if numbers else None
 

@@ -1,0 +1,133 @@
+"""Dependencies declared exactly: every third-party import of the package, the benchmarks and the
+tests maps to a requirement of the right extra in pyproject.toml, and every requirement is imported
+or has a stated reason."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as metadata
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.quick
+
+OWN = {"verl_async_rm", "tests", "bench", "hydra_plugins"}
+# What each part of the repository may import: the extras installed where it runs.
+SCOPES = {
+    "verl_async_rm/demo.py": ("demo",),  # `verl-async-rm demo` (its README command installs [demo])
+    "verl_async_rm": (),
+    "hydra_plugins": (),
+    "bench": ("bench",),
+    "tests": ("dev",),
+}
+# Declared but imported by no file of ours, on purpose:
+NOT_IMPORTED = {
+    "fastapi": "verl imports it on the trainer path without declaring it",
+    "uvicorn": "verl imports it on the trainer path without declaring it",
+    "cachetools": "verl imports it on the trainer path without declaring it",
+    "pyarrow": "pandas' parquet engine, for the CPU backend's toy dataset",
+    "pytest-timeout": "a pytest plugin (the suite's `timeout` option)",
+    "verl-async-rm": "dev pulls in the demo and bench extras",
+    "verl": "gpu extras: verl's own pinned GPU extras",
+}
+
+
+def pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the installed metadata says the same once installed
+        return {"dependencies": metadata.requires("verl-async-rm")}
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def requirements() -> dict[str, set[str]]:
+    """Extra name ("" for the core) -> canonical distribution names, with extras' self-references resolved."""
+    project = pyproject()
+    raw = {"": project["dependencies"], **project.get("optional-dependencies", {})}
+    parsed = {extra: [Requirement(r) for r in reqs] for extra, reqs in raw.items()}
+
+    def names(extra: str) -> set[str]:
+        out = set()
+        for req in parsed[extra]:
+            if canonicalize_name(req.name) == "verl-async-rm":
+                for sub in req.extras:
+                    out |= names(sub)
+            out.add(canonicalize_name(req.name))
+        return out
+
+    return {extra: names(extra) for extra in parsed}
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """Top-level names of absolute imports anywhere in the file (lazy imports inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return {name for name in found if name not in sys.stdlib_module_names and name not in OWN}
+
+
+def scope_of(path: Path) -> tuple[str, ...]:
+    relative = path.relative_to(ROOT).as_posix()
+    return next(extras for prefix, extras in SCOPES.items() if relative == prefix or relative.startswith(prefix + "/"))
+
+
+def source_files() -> list[Path]:
+    return sorted(p for top in ("verl_async_rm", "hydra_plugins", "bench", "tests") for p in (ROOT / top).rglob("*.py"))
+
+
+def test_every_third_party_import_is_declared_in_the_right_extra():
+    declared = requirements()
+    distributions = metadata.packages_distributions()
+    missing = []
+    for path in source_files():
+        allowed = declared[""].union(*(declared[extra] for extra in scope_of(path)))
+        for name in sorted(third_party_imports(path)):
+            dists = {canonicalize_name(d) for d in distributions.get(name, [])}
+            if not dists:
+                missing.append(f"{path.relative_to(ROOT)}: imports {name}, which no installed distribution provides")
+            elif not dists & allowed:
+                extras = sorted(e or "core" for e, names in declared.items() if dists & names)
+                missing.append(f"{path.relative_to(ROOT)}: imports {name} ({'/'.join(sorted(dists))}), "
+                               f"not declared for it (declared in: {extras or 'nothing'})")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_requirement_is_imported_or_has_a_reason():
+    distributions = metadata.packages_distributions()
+    imported = set()
+    for path in source_files():
+        for name in third_party_imports(path):
+            imported |= {canonicalize_name(d) for d in distributions.get(name, [])}
+    declared = set().union(*requirements().values())
+    unexplained = declared - imported - {canonicalize_name(n) for n in NOT_IMPORTED}
+    assert not unexplained, f"declared but never imported, and no reason given: {sorted(unexplained)}"
+    stale = {canonicalize_name(n) for n in NOT_IMPORTED} & imported - {"verl", "verl-async-rm"}
+    assert not stale, f"imported now, drop them from NOT_IMPORTED: {sorted(stale)}"
+
+
+def test_the_check_would_catch_an_undeclared_import(tmp_path):
+    """The scan itself: a lazy import inside a function is found, the standard library is not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, json\nfrom collections import deque\ndef f():\n    import scipy.stats\n    from yaml import safe_load\n")
+    assert third_party_imports(probe) == {"scipy", "yaml"}
+    assert "scipy" in requirements()["bench"] and "scipy" not in requirements()[""]
+
+
+def test_gpu_extras_are_verls_own_pinned_extras_of_the_supported_release():
+    from verl_async_rm.verl_compat import SUPPORTED_VERL
+
+    verl_extras = set(metadata.metadata("verl").get_all("Provides-Extra"))
+    for extra in ("gpu", "gpu-megatron"):
+        (req,) = [Requirement(r) for r in pyproject()["optional-dependencies"][extra]]
+        assert req.name == "verl" and req.extras <= verl_extras and "vllm" in req.extras
+        (pin,) = req.specifier
+        assert pin.operator == "==" and pin.version == SUPPORTED_VERL[0] == metadata.version("verl")

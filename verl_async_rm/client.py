@@ -1,0 +1,34 @@
+"""The client protocol: the one set of verbs every face of the agent offers, in process
+(``agent.RewardAgent``) or across processes (``ray_agent.RayRewardClient``). Code that talks to an
+agent (the verl reward manager, the trainer strategies, the CLI) is written against this."""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterable, Mapping, Protocol
+
+from verl_async_rm.outcome import RewardItem, ScoredChunk
+
+
+class RewardClient(Protocol):
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
+        """Start scoring a batch; a ticket, at once."""
+
+    def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
+        """Whole groups of ``ticket`` totalling ``n`` samples (all remaining when None), as soon as
+        they are ready; ``TimeoutError`` after ``timeout`` s with nothing consumed."""
+
+    def cancel(self, ticket: str) -> int:
+        """Stop scoring ``ticket``; how many of its samples were unsettled."""
+
+    def remaining(self, ticket: str) -> int:
+        """Samples of ``ticket`` not handed out yet."""
+
+    def metrics(self) -> dict:
+        """Counters, latencies, flow-control state."""
+
+    async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
+                             group_wait: float | None = None) -> tuple[float, dict]:
+        """One sample, answered once its whole group is resolved."""
+
+    def close(self) -> None:
+        """Release the agent (the actor: close it for every caller)."""

@@ -1,0 +1,1 @@
+"""The scoring engine: everything that runs on the agent's event loop."""

@@ -1,0 +1,593 @@
+"""The scoring engine: tickets, the per-sample stream, and what happens to a sample's outcome.
+Lives on one event loop and is only touched from it (the facades in ``agent.py`` and
+``ray_agent.py`` bring calls to it).
+
+- **One settle path.** Every outcome, from the request pipeline or from a deadline, goes through
+  ``_settle``: counted, charged to the failure budgets, recorded in its group; a settled group is
+  resolved (failure policy, then the user's group hook, bounded) and delivered: to the ticket's
+  ready queue (``take``) or to each member of a streamed group.
+- **One deadline mechanism.** ``ticket_deadline`` is a timer per ticket (per member on the stream)
+  that settles whatever is unsettled as ``deadline`` failures through ``_settle`` and resolves
+  in-flight group hooks without them; the pipeline's attempts are abandoned. So a ticket ends by
+  its deadline whatever its samples are doing: queued, running, waiting to retry, paused by a 429.
+- **Nothing lost.** ``take`` hands over whole groups only to a taker that receives them: a taker
+  that times out or is cancelled at the moment of hand-over puts them back, in order.
+- **Loud failure.** A ticket fails with ``FailureBudgetExceeded`` past ``max_failure_rate``; the
+  whole agent (every ticket, every waiting stream member) past the same rate over its recent
+  samples, ``max_hung_calls`` or ``max_throttled_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import itertools
+import logging
+import secrets
+from collections import OrderedDict, deque
+from typing import Callable, Hashable
+
+from verl_async_rm.cache import ResultCache
+from verl_async_rm.config import AgentConfig
+from verl_async_rm.engine.budget import RecentFailures, TicketBudget
+from verl_async_rm.engine.executors import executor_for
+from verl_async_rm.engine.flow import FlowControl, FlowSettings
+from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
+from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
+from verl_async_rm.limits import approx_tokens, strict_bucket
+from verl_async_rm.loader import UserReward
+from verl_async_rm.metrics import AgentMetrics
+from verl_async_rm.normalize import normalize_group_scores
+from verl_async_rm.outcome import (
+    AgentClosed, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, Scored, TicketCancelled,
+)
+from verl_async_rm.policy import failure_policy, resolve_group
+from verl_async_rm.retry import RetryPolicy
+from verl_async_rm.thread_bridge import ThreadBridge
+
+_log = logging.getLogger(__name__)
+
+EXPIRE_SLICE = 2_000  # samples settled per loop iteration when a deadline expires many at once
+REMEMBERED_TICKETS = 100_000  # finished ticket ids remembered (drained: empty chunk; cancelled: error)
+
+Deliver = Callable[[GroupResult | BaseException], None]
+
+
+class TicketRun:
+    """The live state of one submitted batch."""
+
+    def __init__(self, ticket: str, label: str, ledger: TicketLedger, submitted_at: float, budget: TicketBudget):
+        self.ticket = ticket
+        self.label = label  # the reward's, for error messages
+        self.ledger = ledger
+        self.samples: dict[int, Sample] = {}
+        self.submitted_at = submitted_at
+        self.budget = budget
+        self.waiters: deque[tuple[int | None, asyncio.Future]] = deque()
+        self.in_hand = 0  # takes by callers elsewhere, handed over but not yet confirmed or put back
+        self.hooks: set[asyncio.Task] = set()
+        self.settled_at: dict[int, float] = {}  # settled samples whose group is not ready yet
+        self.error: BaseException | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def describe(self, item: RewardItem) -> str:
+        uid = "" if item.uid is None else f", uid {item.uid!r}"
+        return f"{self.label} on sample {item.index} (ticket {self.ticket}{uid})"
+
+
+class StreamMember:
+    """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
+
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample")
+
+    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float):
+        self.label = label  # the reward's, for error messages
+        self.group = group
+        self.position = position
+        self.answer = answer  # answer((score, extra)) or answer(exception)
+        self.arrived_at = arrived_at
+        self.deadline: asyncio.TimerHandle | None = None
+        self.sample: Sample | None = None
+
+    def describe(self, item: RewardItem) -> str:
+        kind, uid = self.group.key
+        of = f"group {uid!r}" if kind == "uid" else "a sample without uid"
+        return f"{self.label} on a sample of {of}"
+
+
+class ScoringEngine:
+    def __init__(
+        self,
+        reward: UserReward,
+        config: AgentConfig,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        token_estimator: Callable[[RewardItem], float] | None = None,
+    ):
+        self.reward = reward
+        self.config = config
+        self.loop = loop
+        self.id = secrets.token_hex(4)  # ticket ids never repeat across agents (a re-created actor)
+        self._ticket_numbers = itertools.count()
+        self.policy = failure_policy(config.failure_policy, fill_value=config.fill_value, neutral_value=config.neutral_value)
+        self.metrics = AgentMetrics()
+        # The agent-wide window: twice the cap (a whole in flight that fails at once is not enough).
+        self.recent = RecentFailures(max(200, 2 * config.max_concurrency), config.max_failure_rate)
+        self.flow = FlowControl(FlowSettings(
+            cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
+            enabled=config.adaptive_concurrency,
+        ))
+        self.pipeline = RequestPipeline(
+            loop=loop,
+            calls=executor_for(reward, config.executor, config.sync_workers, loop),
+            max_concurrency=config.max_concurrency,
+            request_timeout=config.request_timeout,
+            retry=RetryPolicy(config.max_attempts, config.backoff_initial, config.backoff_max),
+            flow=self.flow,
+            metrics=self.metrics,
+            on_outcome=self._settle,
+            on_systemic_failure=self._systemic_failure,
+            max_hung_calls=config.max_hung_calls,
+            max_throttled_s=config.max_throttled_s,
+            rpm=strict_bucket(config.requests_per_minute) if config.requests_per_minute else None,
+            tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
+            token_estimator=token_estimator or approx_tokens,
+            cache=ResultCache(config.cache_size) if config.cache else None,
+        )
+        self.tickets: dict[str, TicketRun] = {}
+        self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
+        self.stream = StreamGroups()
+        self.stream_members: dict[Group, list[StreamMember]] = {}
+        self.stream_waits: dict[Group, asyncio.TimerHandle] = {}
+        self.stream_hooks: set[asyncio.Task] = set()
+        self._hook_threads: ThreadBridge | None = None
+        self.closed: BaseException | None = None
+
+    # -- tickets ----------------------------------------------------------------------------------
+    def submit(self, items: list[RewardItem], group_size: int) -> str:
+        """Start scoring a batch; returns its ticket at once. Bad input raises here."""
+        if self.closed is not None:
+            raise AgentClosed("the reward agent is closed")
+        ledger = TicketLedger([(item.index, item.uid) for item in items], group_size)
+        ticket = f"{self.id}-{next(self._ticket_numbers)}"
+        now = self.loop.time()
+        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(len(items), self.config.max_failure_rate))
+        for item in items:
+            run.samples[item.index] = Sample(item, run)
+        self.tickets[ticket] = run
+        self.metrics.submitted += len(items)
+        if self.config.ticket_deadline is not None and items:
+            run.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_ticket, run)
+        self.pipeline.enqueue(list(run.samples.values()))
+        return ticket
+
+    def _run_of(self, ticket: str) -> TicketRun | None:
+        run = self.tickets.get(ticket)
+        if run is not None:
+            return run
+        if ticket in self.finished:
+            error = self.finished[ticket]
+            if error is not None:
+                raise type(error)(*error.args)
+            return None
+        if self.closed is not None:
+            raise AgentClosed("the reward agent is closed")
+        raise KeyError(f"unknown ticket {ticket!r}: not issued by this agent (agent id {self.id}; a re-created agent "
+                       "does not know the tickets of the one before)")
+
+    async def take(
+        self, ticket: str, n: int | None = None, timeout: float | None = None, *, confirm: bool = False,
+    ) -> list[GroupResult]:
+        """Whole groups of ``ticket`` totalling ``n`` samples (all that remain if fewer; all if None),
+        as soon as they are ready. A timeout (``TimeoutError``) or cancellation consumes nothing.
+        ``confirm``: the caller is elsewhere (another thread or loop) and will ``confirm_taken`` or
+        ``put_back``; until then the ticket stays open, so a put-back always finds it."""
+        run = self._run_of(ticket)
+        if run is None:
+            return []
+        run.ledger.check_request(n)
+        if run.error is not None:
+            raise _copy_error(run)
+        if not run.waiters:
+            groups = run.ledger.take(n)
+            if groups is not None:
+                self._handed_over(run, confirm)
+                return groups
+        waiter = self.loop.create_future()
+        entry = (n, waiter)
+        run.waiters.append(entry)
+        try:
+            if timeout is None:
+                groups = await waiter
+            else:
+                async with asyncio.timeout(timeout):
+                    groups = await waiter
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                run.ledger.put_back(waiter.result())  # handed over at the very moment we gave up
+                self._serve(run)
+            elif entry in run.waiters:
+                run.waiters.remove(entry)
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"get(ticket={ticket}, n={n}) timed out after {timeout}s; nothing was consumed") from None
+            raise
+        self._handed_over(run, confirm)
+        return groups
+
+    def _handed_over(self, run: TicketRun, confirm: bool) -> None:
+        if confirm:
+            run.in_hand += 1  # until the caller confirms it received them, or puts them back
+        else:
+            self._retire_if_done(run)
+
+    def confirm_taken(self, ticket: str) -> None:
+        """A caller elsewhere received what ``take(confirm=True)`` handed over."""
+        run = self.tickets.get(ticket)
+        if run is not None:
+            run.in_hand -= 1
+            self._retire_if_done(run)
+
+    def put_back(self, ticket: str, groups: list[GroupResult]) -> None:
+        """What ``take(confirm=True)`` handed over, back in front: its caller left before receiving it
+        (a timeout or cancel at that moment, an interrupt)."""
+        run = self.tickets.get(ticket)
+        if run is not None:
+            run.in_hand -= 1
+            run.ledger.put_back(groups)
+            self._serve(run)
+
+    def cancel(self, ticket: str) -> int:
+        """Stop scoring a ticket nobody will read; returns how many of its samples were unsettled."""
+        run = self.tickets.get(ticket)
+        if run is None:
+            if ticket in self.finished:
+                return 0  # finished already: drained, failed or cancelled
+            self._run_of(ticket)  # unknown: KeyError (closed: AgentClosed)
+        return self._fail_ticket(run, TicketCancelled(f"ticket {ticket} was cancelled"))
+
+    def remaining(self, ticket: str) -> int:
+        run = self._run_of(ticket)
+        return 0 if run is None else run.ledger.remaining_samples
+
+    def _serve(self, run: TicketRun) -> None:
+        while run.waiters:
+            n, waiter = run.waiters[0]
+            if waiter.done():  # the taker gave up before anything was handed over
+                run.waiters.popleft()
+                continue
+            if run.error is not None:
+                run.waiters.popleft()
+                waiter.set_exception(_copy_error(run))
+                continue
+            groups = run.ledger.take(n)
+            if groups is None:
+                return
+            run.waiters.popleft()
+            waiter.set_result(groups)
+
+    def _retire_if_done(self, run: TicketRun) -> None:
+        """Only once every taker has what it took: a ticket must stay findable while a hand-over can
+        still be put back."""
+        if run.ledger.exhausted and run.error is None and not run.waiters and not run.in_hand \
+                and self.tickets.get(run.ticket) is run:
+            self._forget(run, None)
+
+    def _forget(self, run: TicketRun, error: BaseException | None) -> None:
+        """Retire a ticket; later calls see ``error`` (None: drained, an empty chunk)."""
+        del self.tickets[run.ticket]
+        if run.deadline is not None:
+            run.deadline.cancel()
+        self.finished[run.ticket] = error
+        if len(self.finished) > REMEMBERED_TICKETS:
+            self.finished.popitem(last=False)
+
+    def _fail_ticket(self, run: TicketRun, error: BaseException) -> int:
+        """The ticket ends with ``error`` for every taker; its unsettled samples are abandoned (and
+        counted as cancelled). Returns how many there were."""
+        if run.error is not None:
+            return 0
+        run.error = error
+        unsettled = 0
+        for sample in run.samples.values():
+            if not sample.settled:
+                unsettled += 1
+                sample.settled = True
+                self.pipeline.abandon(sample)
+        self.metrics.cancelled += unsettled
+        for task in list(run.hooks):
+            task.cancel()
+        self._serve(run)
+        if self.tickets.get(run.ticket) is run:
+            self._forget(run, _copy_error(run))
+        return unsettled
+
+    def _expire_ticket(self, run: TicketRun) -> None:
+        """The ticket's deadline: settle whatever is pending, a slice per loop iteration."""
+        run.deadline = None
+        message = f"unfinished at the ticket deadline ({self.config.ticket_deadline}s)"
+        pending = [s for s in run.samples.values() if not s.settled]
+        for task in list(run.hooks):  # groups being post-processed: resolved without the hook
+            task.cancel()
+        self._expire_slices(pending, message)
+
+    def _expire_slices(self, samples: list[Sample], message: str, start: int = 0) -> None:
+        for sample in samples[start:start + EXPIRE_SLICE]:
+            if not sample.settled:
+                self.pipeline.abandon(sample)
+                self._settle(sample, Failed("deadline", f"{sample.where()} {message}", sample.attempts))
+        if start + EXPIRE_SLICE < len(samples):
+            self.loop.call_soon(self._expire_slices, samples, message, start + EXPIRE_SLICE)
+
+    # -- the stream: one sample at a time ------------------------------------------------------------
+    def join_group(
+        self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
+        answer: Callable[[object], None],
+    ) -> None:
+        """Score ``item`` as a member of group ``uid`` (expected size ``group_size``); ``answer`` gets
+        ``(score, extra)`` once the whole group is resolved, or the exception that ended it. A group
+        that gets no new member for ``group_wait`` seconds is resolved with the members it has."""
+        if self.closed is not None:
+            raise AgentClosed("the reward agent is closed")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        now = self.loop.time()
+        key: Hashable = ("uid", uid) if uid is not None else ("sample", object())
+        split_before = self.stream.split_groups
+        group, position = self.stream.add(key, group_size if uid is not None else 1)
+        if self.stream.split_groups != split_before:
+            self.metrics.split_groups += 1
+            _log.warning(
+                "group %r got a member after group_wait (%ss) had closed it short of %d samples: the wait is "
+                "shorter than the spread of its generation times; it continues as a new group", uid, group_wait, group_size,
+            )
+        member = StreamMember(self.reward.label, group, position, answer, now)
+        self.stream_members.setdefault(group, []).append(member)
+        wait = self.stream_waits.pop(group, None)
+        if wait is not None:
+            wait.cancel()
+        if not group.closed and group_wait is not None:
+            self.stream_waits[group] = self.loop.call_at(now + group_wait, self._close_stream_group, group)
+        sample = member.sample = Sample(item, member)
+        self.metrics.submitted += 1
+        if self.config.ticket_deadline is not None:
+            member.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_member, member)
+        self.pipeline.enqueue([sample])
+
+    async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None):
+        """``join_group`` for a caller on this loop: awaits the answer."""
+        future = self.loop.create_future()
+
+        def answer(value: object) -> None:
+            if not future.done():
+                future.set_exception(value) if isinstance(value, BaseException) else future.set_result(value)
+
+        self.join_group(item, uid, group_size, group_wait, answer)
+        return await future
+
+    def _close_stream_group(self, group: Group) -> None:
+        self.stream_waits.pop(group, None)
+        if self.stream.close(group):
+            self._resolve_stream_group(group)
+
+    def _expire_member(self, member: StreamMember) -> None:
+        member.deadline = None
+        sample = member.sample
+        if sample is not None and not sample.settled:
+            self.pipeline.abandon(sample)
+            message = f"unfinished at the deadline ({self.config.ticket_deadline}s after it arrived)"
+            self._settle(sample, Failed("deadline", f"{sample.where()} {message}", sample.attempts))
+
+    def _resolve_stream_group(self, group: Group) -> None:
+        members = self.stream_members.get(group, [])
+        deadline = min((m.arrived_at for m in members), default=self.loop.time()) + (self.config.ticket_deadline or float("inf"))
+
+        def deliver(result: GroupResult | BaseException) -> None:
+            self.stream_members.pop(group, None)
+            for member in members:
+                if member.deadline is not None:
+                    member.deadline.cancel()
+                if isinstance(result, BaseException):
+                    member.answer(result)
+                else:
+                    at = result.indices.index(member.position)
+                    member.answer((result.scores[at], result.extras[at]))
+
+        where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r}"
+        self._resolve(group.settled(), deliver, deadline, where, self.stream_hooks)
+
+    # -- settling -----------------------------------------------------------------------------------
+    def _settle(self, sample: Sample, outcome: Outcome) -> None:
+        """The one settle path: every outcome of every sample, from the pipeline or a deadline.
+        Exactly once per sample: a second outcome (a late cached answer after the deadline) is dropped."""
+        if sample.settled:
+            return
+        sample.settled = True
+        sample.state = DONE
+        owner = sample.owner
+        now = self.loop.time()
+        failed = isinstance(outcome, Failed)
+        if failed:
+            self.metrics.failed += 1
+            self.metrics.failures_by_kind[outcome.kind] += 1
+        else:
+            self.metrics.completed += 1
+        if isinstance(owner, TicketRun):
+            if owner.error is not None:
+                return
+            latency = now - owner.submitted_at
+            self.metrics.latencies.append(latency)
+            owner.settled_at[sample.item.index] = latency
+            if failed and owner.budget.record_failure(outcome.kind, outcome.message):
+                self._fail_ticket(owner, FailureBudgetExceeded(owner.budget.describe(owner.ticket)))
+                return
+            if self._count_recent(failed, outcome):
+                return
+            group = owner.ledger.settle(sample.item.index, outcome)
+            if group is not None:
+                where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {owner.ticket})"
+                deadline = owner.submitted_at + (self.config.ticket_deadline or float("inf"))
+                self._resolve(group, lambda result, run=owner: self._deliver_to_ticket(run, result), deadline, where, owner.hooks, owner)
+            return
+        member: StreamMember = owner
+        self.metrics.latencies.append(now - member.arrived_at)
+        if self._count_recent(failed, outcome):
+            return
+        if member.group.settle(member.position, outcome):
+            self._resolve_stream_group(member.group)
+
+    def _count_recent(self, failed: bool, outcome: Outcome) -> bool:
+        kind, message = (outcome.kind, outcome.message) if failed else ("", "")
+        if self.recent.record(failed, kind, message):
+            self._systemic_failure(self.recent.describe(), budget=True)
+            return True
+        return False
+
+    def _resolve(
+        self, group: SettledGroup, deliver: Deliver, deadline: float, where: str, hooks: set, run: TicketRun | None = None,
+    ) -> None:
+        """Failure policy, then the group hook (bounded by ``hook_timeout`` and the deadline)."""
+        try:
+            result = resolve_group(group, self.policy)
+        except RewardError as error:
+            deliver(error)
+            return
+        if self.reward.group_hook is None:
+            deliver(result)
+            return
+        task = self.loop.create_task(self._post_process(result, deliver, deadline, where, run))
+        hooks.add(task)
+        task.add_done_callback(hooks.discard)
+
+    async def _post_process(self, result: GroupResult, deliver: Deliver, deadline: float, where: str, run: TicketRun | None) -> None:
+        reward = self.reward
+        budget = deadline - self.loop.time()
+        hook_bound = self.config.hook_timeout is not None and self.config.hook_timeout < budget
+        if hook_bound:
+            budget = self.config.hook_timeout
+        try:
+            if budget <= 0:
+                raise asyncio.CancelledError()  # resolved at (or after) the deadline: no time for the hook
+            async with asyncio.timeout(None if budget == float("inf") else budget):
+                if reward.hook_is_async:
+                    values = await reward.group_hook(list(result.scores))
+                else:
+                    if self._hook_threads is None:
+                        self._hook_threads = ThreadBridge(self.loop, 8, name="reward-hook")
+                    values = await self._hook_threads.run(lambda: reward.group_hook(list(result.scores)))
+                if inspect.isawaitable(values):
+                    values = await values
+            scores = normalize_group_scores(values, len(result.indices), where)
+            deliver(dataclasses.replace(result, scores=scores))
+            return
+        except asyncio.CancelledError:  # the deadline expired, or the ticket failed/was cancelled
+            error_text, kind = "resolved without it at the deadline", "deadline"
+        except TimeoutError:
+            if hook_bound:
+                error_text, kind = f"timed out (hook_timeout {self.config.hook_timeout}s)", "hook_timeout"
+            else:
+                error_text, kind = "resolved without it at the deadline", "deadline"
+        except Exception as exc:  # noqa: BLE001 - a broken hook fails its group by the policy
+            error_text, kind = f"failed: {type(exc).__name__}: {exc}", "hook_error"
+        self.metrics.hook_failures += 1
+        failure = Failed(kind, f"{where} {error_text}")
+        # A failed hook fails its group's scored samples (the failed ones are counted already):
+        # charged to the budgets like any failure.
+        newly_failed = sum(1 for extra in result.extras if not extra.get("reward_failed"))
+        if newly_failed:
+            self.metrics.failures_by_kind[kind] += newly_failed
+            if run is not None and run.error is None and run.budget.record_failure(kind, failure.message, newly_failed):
+                self._fail_ticket(run, FailureBudgetExceeded(run.budget.describe(run.ticket)))
+                return
+            if any(self._count_recent(True, failure) for _ in range(newly_failed)):
+                return
+        try:
+            failed = resolve_group(SettledGroup(result.key, result.indices, [failure] * len(result.indices)), self.policy)
+        except RewardError as error:
+            deliver(error)
+            return
+        deliver(failed)
+
+    def _deliver_to_ticket(self, run: TicketRun, result: GroupResult | BaseException) -> None:
+        if run.error is not None:
+            return
+        if isinstance(result, BaseException):
+            self._fail_ticket(run, result)
+            return
+        latencies = [run.settled_at.pop(i, None) for i in result.indices]
+        now = self.loop.time()
+        run.ledger.mark_ready(dataclasses.replace(result, latencies=latencies, ready_after=now - run.submitted_at, ready_at=now))
+        self._serve(run)
+
+    # -- failing everything ---------------------------------------------------------------------------
+    def _systemic_failure(self, message: str, budget: bool = False) -> None:
+        """Failures are systematic: every open ticket and every waiting stream member gets the error."""
+        error = FailureBudgetExceeded(message) if budget else RewardError(message)
+        _log.error("reward agent: %s", message)
+        self._fail_all(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for run in list(self.tickets.values()):
+            self._fail_ticket(run, error)
+        for task in list(self.stream_hooks):
+            task.cancel()
+        for group, members in list(self.stream_members.items()):
+            self.stream_members.pop(group, None)
+            wait = self.stream_waits.pop(group, None)
+            if wait is not None:
+                wait.cancel()
+            self.stream.close(group)
+            for member in members:
+                if member.deadline is not None:
+                    member.deadline.cancel()
+                if member.sample is not None and not member.sample.settled:
+                    member.sample.settled = True
+                    self.metrics.cancelled += 1
+                    self.pipeline.abandon(member.sample)
+                member.answer(error)
+
+    # -- metrics and shutdown -------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        now = self.loop.time()
+        return self.metrics.snapshot(
+            **self.pipeline.snapshot(),
+            effective_cap=self.flow.window or self.config.max_concurrency,
+            open_tickets=len(self.tickets),
+            open_groups=self.stream.open_groups,
+            **self.flow.snapshot(now),
+        )
+
+    async def aclose(self, timeout: float = 10.0) -> int:
+        """Fail every waiter (``AgentClosed``), stop every call; returns how many calls ignored their
+        cancellation for ``timeout`` seconds (they are left behind, reported by the caller)."""
+        if self.closed is not None:
+            return 0
+        self.closed = AgentClosed("the reward agent was closed")
+        self._fail_all(self.closed)
+        stuck = await self.pipeline.aclose(timeout)
+        await self._close_reward()
+        if self._hook_threads is not None:
+            self._hook_threads.shutdown()
+        return stuck
+
+    async def _close_reward(self) -> None:
+        """Let a stateful reward release its clients on this loop (an AsyncOpenAI client collected
+        after the loop is gone fails with 'Event loop is closed')."""
+        instance = self.reward.instance
+        closer = getattr(instance, "aclose", None) or getattr(instance, "close", None)
+        if not callable(closer):
+            return
+        try:
+            result = closer()
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, 10)
+        except Exception:  # noqa: BLE001 - shutdown goes on; the user sees why
+            _log.warning("closing %s failed", self.reward.label, exc_info=True)
+
+
+def _copy_error(run: TicketRun) -> BaseException:
+    """A fresh exception per raise (one object raised from several waiters would share tracebacks)."""
+    error = run.error
+    if isinstance(error, RewardError):
+        return type(error)(str(error) if str(error).startswith(f"ticket {run.ticket}") else f"ticket {run.ticket}: {error}")
+    return type(error)(*error.args)

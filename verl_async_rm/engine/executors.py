@@ -1,0 +1,107 @@
+"""Where a user's ``compute_score`` runs, chosen once per agent: on the event loop (``async def``),
+on worker threads, or in worker processes. One method, ``start(fields, on_late_end)``, returns the
+awaitable the request pipeline waits on; the executor says whether a call can outlive its
+cancellation (then ``on_late_end`` reports when it really ended).
+
+- ``AsyncCalls``: the coroutine runs inline in the attempt's task (no extra task per call: async
+  throughput is the agent's headline figure). Cancellation reaches the reward's own awaits; a
+  reward that swallows it is detected by the pipeline's hung-call watchdog.
+- ``ThreadCalls``: through ``ThreadBridge``. A thread cannot be stopped: after a timeout the call
+  keeps running, holding its concurrency slot until it really ends (``on_late_end``) or is declared
+  hung and its thread replaced (``add_capacity``).
+- ``ProcessCalls``: through pebble's ``ProcessPool``. Cancelling a running call terminates its
+  worker, and a worker that dies (a crash, an OOM kill) fails only its own call
+  (``ProcessExpired``); pebble starts a replacement either way. The standard library's
+  ``ProcessPoolExecutor`` breaks for good at the first dead worker (``BrokenProcessPool``) and
+  cannot stop a hung call, hence pebble.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Awaitable, Callable
+
+from verl_async_rm import process_worker
+from verl_async_rm.loader import UserReward
+from verl_async_rm.thread_bridge import ThreadBridge
+
+
+class AsyncCalls:
+    outlives_cancel = False
+
+    def __init__(self, reward: UserReward):
+        self._fn = reward.score_fn
+        self._kwargs = reward.call_kwargs
+
+    def start(self, fields: dict, on_late_end: Callable[[], None]) -> Awaitable:
+        return self._fn(**fields, **self._kwargs)  # the coroutine: awaited inline by the attempt
+
+    def replace_hung_thread(self, delta: int = 1) -> None:
+        """A hung coroutine holds no thread."""
+
+    def statistics(self) -> dict:
+        return {}
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ThreadCalls:
+    outlives_cancel = True
+
+    def __init__(self, reward: UserReward, loop: asyncio.AbstractEventLoop, max_threads: int, name: str = "reward-agent"):
+        self._fn = reward.score_fn
+        self._kwargs = reward.call_kwargs
+        self.bridge = ThreadBridge(loop, max_threads, name)
+
+    def start(self, fields: dict, on_late_end: Callable[[], None]) -> asyncio.Future:
+        return self.bridge.run(functools.partial(self._fn, **fields, **self._kwargs), on_late_end)
+
+    def replace_hung_thread(self, delta: int = 1) -> None:
+        """One more thread while a hung one is stuck (``delta=-1`` once it has returned after all)."""
+        self.bridge.add_capacity(delta)
+
+    def statistics(self) -> dict:
+        return {"threads": self.bridge.threads}
+
+    async def aclose(self) -> None:
+        self.bridge.shutdown()  # threads stuck in a hung call cannot be joined: they are daemons
+
+
+class ProcessCalls:
+    outlives_cancel = False
+
+    def __init__(self, reward: UserReward, workers: int):
+        import pebble  # imported here: only the process executor needs it
+
+        if reward.spec is not None:
+            # A function loaded from a file cannot be pickled by reference in a fresh process: each
+            # worker loads the reward itself, once, from its spec.
+            self._call, initializer, initargs = process_worker.score, process_worker.load, (reward.spec,)
+        else:
+            self._call = functools.partial(process_worker.call, reward.score_fn, reward.call_kwargs)
+            initializer, initargs = None, ()
+        self.pool = pebble.ProcessPool(max_workers=workers, initializer=initializer, initargs=initargs)
+
+    def start(self, fields: dict, on_late_end: Callable[[], None]) -> asyncio.Future:
+        # Cancelling the asyncio future cancels pebble's, which terminates the worker running it.
+        return asyncio.wrap_future(self.pool.schedule(self._call, args=(fields,)))
+
+    def replace_hung_thread(self, delta: int = 1) -> None:
+        """A cancelled process call is killed: nothing to replace here (pebble starts a new worker)."""
+
+    def statistics(self) -> dict:
+        return {}
+
+    async def aclose(self) -> None:
+        self.pool.stop()  # terminates workers, hung ones included
+        await asyncio.get_running_loop().run_in_executor(None, self.pool.join, 10)
+
+
+def executor_for(reward: UserReward, kind: str, workers: int, loop: asyncio.AbstractEventLoop):
+    if reward.score_is_async:
+        return AsyncCalls(reward)
+    if kind == "process":
+        return ProcessCalls(reward, workers)
+    return ThreadCalls(reward, loop, workers)

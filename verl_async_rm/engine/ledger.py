@@ -1,0 +1,244 @@
+"""The group ledger: which samples form a GRPO group, what each one ended as, and which groups are
+ready to hand out. Pure book-keeping: no I/O, no asyncio, no verl; tested exhaustively.
+
+A group is *settled* when it is closed (its membership is final) and every member has an outcome;
+*ready* once the failure policy and the user's group hook have turned it into scores; *taken* when
+a ``get`` hands it out. Two kinds of owner use the same ``Group``:
+- a **ticket** (a submitted batch): its groups are closed at submit (every uid has exactly
+  ``group_size`` samples); ready groups leave in completion order, whole, through ``take(n)``;
+- the **stream** (verl's per-sample path): groups with open membership, closed when they reach
+  their size or when the caller closes them; each member is answered on its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Sequence
+
+from verl_async_rm.outcome import Outcome, ScoredChunk
+
+
+@dataclass(frozen=True)
+class SettledGroup:
+    key: Hashable
+    indices: list[int]  # ascending for tickets; arrival positions for the stream
+    outcomes: list[Outcome]  # aligned with indices
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    key: Hashable
+    indices: list[int]
+    scores: list[float]
+    extras: list[dict]  # per sample, aligned with indices
+    latencies: list[float] | None = None  # per sample: submit -> settled, seconds
+    ready_after: float = 0.0  # submit -> group ready (policy and hook done), seconds
+    ready_at: float = 0.0  # the agent's clock when it became ready (comparable within one machine)
+
+
+def group_key(uid: Hashable | None, index: int, group_size: int) -> Hashable:
+    if uid is not None:
+        return ("uid", uid)
+    if group_size != 1:
+        raise ValueError(f"sample {index} has no uid, but group_size={group_size}: a uid is needed to form groups")
+    return ("sample", index)
+
+
+class Group:
+    """The members of one group and their outcomes. ``expected``: the size that closes it."""
+
+    __slots__ = ("key", "expected", "members", "outcomes", "closed")
+
+    def __init__(self, key: Hashable, expected: int, members: Sequence[int] = (), closed: bool = False):
+        self.key = key
+        self.expected = expected
+        self.members: list[int] = list(members)
+        self.outcomes: dict[int, Outcome] = {}
+        self.closed = closed or len(self.members) >= expected
+
+    def add(self, member: int) -> None:
+        if self.closed:
+            raise ValueError(f"group {self.key[1]!r} is closed")
+        self.members.append(member)
+        self.closed = len(self.members) >= self.expected
+
+    def settle(self, member: int, outcome: Outcome) -> bool:
+        """Record a member's outcome; True once the group is settled."""
+        if member in self.outcomes:
+            raise ValueError(f"sample {member} of group {self.key[1]!r} settled twice")
+        self.outcomes[member] = outcome
+        return self.complete
+
+    def close(self) -> bool:
+        """No more members (the caller decided); True if that settles the group."""
+        self.closed = True
+        return self.complete
+
+    @property
+    def complete(self) -> bool:
+        return self.closed and len(self.outcomes) == len(self.members)
+
+    def is_settled(self, member: int) -> bool:
+        return member in self.outcomes
+
+    def settled(self) -> SettledGroup:
+        return SettledGroup(self.key, list(self.members), [self.outcomes[m] for m in self.members])
+
+
+class TicketLedger:
+    """The groups of one submitted batch, and its ready queue."""
+
+    def __init__(self, samples: Sequence[tuple[int, Hashable | None]], group_size: int):
+        """``samples``: (index, uid) per sample of the batch."""
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        self.group_size = group_size
+        self._group_of: dict[int, Group] = {}
+        members: dict[Hashable, list[int]] = {}
+        seen: set[int] = set()
+        for index, uid in samples:
+            if index in seen:
+                raise ValueError(f"sample index {index} appears twice in one batch")
+            seen.add(index)
+            members.setdefault(group_key(uid, index, group_size), []).append(index)
+        for key, indices in members.items():
+            if len(indices) != group_size:
+                raise ValueError(
+                    f"group {key[1]!r} has {len(indices)} samples (indices {sorted(indices)[:8]}...), "
+                    f"but group_size={group_size}: every uid needs exactly group_size samples"
+                )
+            group = Group(key, group_size, sorted(indices), closed=True)
+            for index in indices:
+                self._group_of[index] = group
+        self._unsettled_groups = len(members)
+        self._ready: deque[GroupResult] = deque()
+        self.total_groups = len(members)
+        self.taken_groups = 0
+
+    # -- settling -------------------------------------------------------------------------------
+    def settle(self, index: int, outcome: Outcome) -> SettledGroup | None:
+        """Record one sample's outcome; return its group once the group is fully settled."""
+        group = self._group_of.get(index)
+        if group is None:
+            raise KeyError(f"sample index {index} is not part of this ticket")
+        if not group.settle(index, outcome):
+            return None
+        self._unsettled_groups -= 1
+        return group.settled()
+
+    def is_settled(self, index: int) -> bool:
+        return self._group_of[index].is_settled(index)
+
+    @property
+    def all_settled(self) -> bool:
+        return self._unsettled_groups == 0
+
+    def unsettled_indices(self) -> list[int]:
+        return [i for i, group in self._group_of.items() if not group.is_settled(i)]
+
+    # -- handing out ----------------------------------------------------------------------------
+    def mark_ready(self, group: GroupResult) -> None:
+        self._ready.append(group)
+
+    @property
+    def ready_groups(self) -> int:
+        return len(self._ready)
+
+    @property
+    def remaining_samples(self) -> int:
+        return (self.total_groups - self.taken_groups) * self.group_size
+
+    @property
+    def exhausted(self) -> bool:
+        return self.taken_groups == self.total_groups
+
+    def check_request(self, n: int | None) -> None:
+        if n is None:
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"get(n) needs a positive integer n, got {n!r}")
+        if n % self.group_size:
+            raise ValueError(f"n={n} is not a multiple of the group size {self.group_size}: get returns whole groups")
+
+    def take(self, n: int | None) -> list[GroupResult] | None:
+        """Whole ready groups totalling ``n`` samples (all remaining ones if fewer remain; all if ``n``
+        is None), or None when not enough are ready yet. Nothing is consumed on None."""
+        self.check_request(n)
+        remaining = self.total_groups - self.taken_groups
+        wanted = remaining if n is None else min(n // self.group_size, remaining)
+        if len(self._ready) < wanted:
+            return None
+        self.taken_groups += wanted
+        return [self._ready.popleft() for _ in range(wanted)]
+
+    def put_back(self, groups: list[GroupResult]) -> None:
+        """Undo a ``take`` whose taker never received it (timed out or cancelled at that moment):
+        the groups go back to the front, in their order, for the next ``take``."""
+        self._ready.extendleft(reversed(groups))
+        self.taken_groups -= len(groups)
+
+
+class StreamGroups:
+    """Groups assembled one sample at a time (verl's per-sample path): open until they reach their
+    size or the caller closes them. A member that arrives after its group was closed short starts a
+    new group under the same key (counted in ``split_groups``): never lost, never waiting forever."""
+
+    def __init__(self) -> None:
+        self._open: dict[Hashable, Group] = {}
+        self._closed_short: dict[Hashable, None] = {}  # keys closed before their size, recent first-in
+        self.split_groups = 0
+
+    def add(self, key: Hashable, size: int) -> tuple[Group, int]:
+        """Join group ``key`` (expected ``size``); returns the group and the member's position."""
+        group = self._open.get(key)
+        if group is None:
+            if key in self._closed_short:
+                del self._closed_short[key]
+                self.split_groups += 1
+            group = self._open[key] = Group(key, size)
+        position = len(group.members)
+        group.add(position)
+        if group.closed:
+            del self._open[key]
+        return group, position
+
+    def close(self, group: Group) -> bool:
+        """Close a group short of its size; True if that settles it."""
+        if self._open.get(group.key) is group:
+            del self._open[group.key]
+            if len(group.members) < group.expected:
+                self._closed_short[group.key] = None
+                if len(self._closed_short) > 100_000:  # bounded memory: forget the oldest
+                    del self._closed_short[next(iter(self._closed_short))]
+        return group.close()
+
+    @property
+    def open_groups(self) -> int:
+        return len(self._open)
+
+
+def assemble_chunk(groups: Iterable[GroupResult]) -> ScoredChunk:
+    """Flatten groups into one chunk with indices ascending; extra-info keys are the union, missing
+    values None, so every list stays aligned with ``indices``."""
+    rows: list[tuple[int, float, dict, float | None]] = []
+    count, ready_after, ready_at = 0, 0.0, 0.0
+    for group in groups:
+        count += 1
+        ready_after = max(ready_after, group.ready_after)
+        ready_at = max(ready_at, group.ready_at)
+        latencies = group.latencies or [None] * len(group.indices)
+        rows.extend(zip(group.indices, group.scores, group.extras, latencies))
+    rows.sort(key=lambda row: row[0])
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row[2]))
+    return ScoredChunk(
+        indices=[r[0] for r in rows],
+        scores=[r[1] for r in rows],
+        extra_info={k: [r[2].get(k) for r in rows] for k in keys},
+        groups=count,
+        latencies=[r[3] for r in rows],
+        ready_after=ready_after,
+        ready_at=ready_at,
+    )

@@ -1,0 +1,499 @@
+"""The request pipeline: one sample's life from admission to outcome, on the agent's event loop.
+
+A sample is plain data while it waits; it is an *attempt* only while a call for it runs:
+
+    queued --admitted--> running --answered--> done: Scored | Failed   (-> ``on_outcome``)
+      ^                     |--throttled (429/503)--> queued again, at the front; no attempt used
+      |                     '--retryable error--> waiting (a timer) --> queued
+      '-- abandoned from any state by the engine (deadline, ticket cancel, close): no outcome here
+
+Admission is one pump over one FIFO queue: a sample starts when a concurrency slot is free and the
+flow control (pause, probe window, learned pace) and the configured rate buckets (requests and
+tokens per minute) all allow it; otherwise one timer (or the next freed slot) wakes the pump. So
+40,000 queued samples cost 40,000 small records, not 40,000 parked coroutines, and dropping them
+is O(1) each.
+
+An attempt is driven by what the executor started: a thread or process call's future reports back
+through its done callback (no task at all), a coroutine runs in one task. Timeouts need no timer
+per attempt: every attempt has the same ``request_timeout``, so deadlines come in start order and
+one FIFO queue with one timer serves them all.
+
+A concurrency slot is held by an attempt from its start until the user's call really ends: a
+thread that keeps running after a timeout keeps its slot (``max_concurrency`` is what the service
+sees), until it returns or is declared hung, ``max(request_timeout, 1 s)`` after the timeout,
+whichever is first. A declared-hung call frees its slot, its thread is replaced, and it is counted;
+past ``max_hung_calls`` the engine fails loudly. An async reward that swallows its cancellation is
+caught by the same watchdog: its attempt is finished from outside as a timeout.
+
+Every exit of an attempt, exceptions of every kind included, goes through ``_attempt_ended``:
+there is no path on which a sample is neither answered, retried, requeued nor abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from typing import Any, Callable
+
+from verl_async_rm.cache import ResultCache, request_key
+from verl_async_rm.engine.flow import FlowControl
+from verl_async_rm.limits import LeakyBucket
+from verl_async_rm.normalize import normalize_score
+from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored
+from verl_async_rm.retry import RetryPolicy, classify
+
+_log = logging.getLogger(__name__)
+
+QUEUED, RUNNING, WAITING, DONE = range(4)
+NO_TIMEOUT_GRACE = 30.0  # without request_timeout, an abandoned call is declared hung after this long
+
+
+class Sample:
+    """One request's state. ``owner`` is the engine's (its ticket or stream member), and names the
+    sample in error messages (``owner.describe(item)``, only called on error)."""
+
+    __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key")
+
+    def __init__(self, item: RewardItem, owner: Any):
+        self.item = item
+        self.owner = owner
+        self.state = QUEUED
+        self.settled = False  # the engine's flag: its outcome has been recorded
+        self.attempts = 0  # attempts that ended in an error (throttles are not counted)
+        self.throttles = 0
+        self.attempt: Attempt | None = None
+        self.timer: asyncio.TimerHandle | None = None  # retry wait
+        self.cache_key: Any = None
+
+    def where(self) -> str:
+        return self.owner.describe(self.item)
+
+
+class Attempt:
+    __slots__ = ("sample", "epoch", "sent_at", "call", "unstarted", "timer", "timed_out", "finished", "holds_slot", "hung")
+
+    def __init__(self, sample: Sample, epoch: int, sent_at: float):
+        self.sample = sample
+        self.epoch = epoch
+        self.sent_at = sent_at
+        self.call: Any = None  # the task running a coroutine, or the future of a thread/process call
+        self.unstarted: Any = None  # the user's coroutine until its task first runs (closed if it never does)
+        self.timer: asyncio.TimerHandle | None = None  # the hung-call watchdog, once given up
+        self.timed_out = False
+        self.finished = False  # the sample has moved on from this attempt
+        self.holds_slot = True
+        self.hung = False
+
+
+class RequestPipeline:
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        calls,
+        max_concurrency: int,
+        request_timeout: float | None,
+        retry: RetryPolicy,
+        flow: FlowControl,
+        metrics,
+        on_outcome: Callable[[Sample, Outcome], None],
+        on_systemic_failure: Callable[[str], None],
+        max_hung_calls: int,
+        max_throttled_s: float | None,
+        rpm: LeakyBucket | None = None,
+        tpm: LeakyBucket | None = None,
+        token_estimator: Callable[[RewardItem], float] | None = None,
+        cache: ResultCache | None = None,
+    ):
+        self.loop = loop
+        self.calls = calls
+        self.cap = max_concurrency
+        self.timeout = request_timeout
+        # A call given up (timeout, cancel) that has not ended this much later is declared hung.
+        self.hung_grace = max(request_timeout, 1.0) if request_timeout is not None else NO_TIMEOUT_GRACE
+        self.retry = retry
+        self.flow = flow
+        self.metrics = metrics
+        self.on_outcome = on_outcome
+        self.on_systemic_failure = on_systemic_failure
+        self.max_hung_calls = max_hung_calls
+        self.max_throttled_s = max_throttled_s
+        self.rpm, self.tpm, self.token_estimator = rpm, tpm, token_estimator
+        self.cache = cache
+        self.queue: deque[Sample] = deque()
+        self.in_flight = 0  # attempts holding a slot
+        self.peak_in_flight = 0
+        self.hung_now = 0  # declared hung and not returned yet
+        self.tasks: dict[asyncio.Task, Attempt] = {}  # coroutine attempts (stuck ones too, until they end)
+        self._timeouts: deque[tuple[float, Attempt]] = deque()  # (deadline, attempt), in start order
+        self._timeout_timer: asyncio.TimerHandle | None = None
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = float("inf")
+        self._pumping = self._pump_again = False
+        self._closed = False
+
+    # -- entry -----------------------------------------------------------------------------------
+    def enqueue(self, samples: list[Sample]) -> None:
+        if self.cache is None:
+            self.queue.extend(samples)
+        else:
+            for sample in samples:
+                self._enqueue_cached(sample)
+        self.pump()
+
+    def abandon(self, sample: Sample) -> None:
+        """The engine settles ``sample`` itself (deadline, cancel, close): stop whatever it is doing.
+        A queued sample is skipped lazily by the pump; a running attempt is cancelled (its slot is
+        freed when its call ends); a retry wait is dropped."""
+        state, sample.state = sample.state, DONE
+        if state == RUNNING and sample.attempt is not None:
+            attempt = sample.attempt
+            if not attempt.finished:
+                attempt.finished = True
+                self.flow.on_abandoned()
+            self._give_up(attempt)
+        elif state == WAITING and sample.timer is not None:
+            sample.timer.cancel()
+        if sample.cache_key is not None:
+            self._release_followers(sample, None)
+
+    # -- admission ---------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Start every queued sample that may start now; arrange to be called again when more may.
+        Re-entrant calls (a call that fails as it starts frees its slot, which pumps) only ask the
+        running pump for one more round: no recursion, however many fail at once."""
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        try:
+            self._pump_again = True
+            while self._pump_again:
+                self._pump_again = False
+                self._pump_once()
+        finally:
+            self._pumping = False
+
+    def _pump_once(self) -> None:
+        queue = self.queue
+        if not queue:
+            return
+        now = self.loop.time()
+        flow, rpm, tpm = self.flow, self.rpm, self.tpm
+        while queue:
+            sample = queue[0]
+            if sample.state != QUEUED:  # abandoned while queued
+                queue.popleft()
+                continue
+            if self.in_flight >= self.cap or self._closed:
+                return  # a finished call pumps again
+            delay = flow.send_delay(now)
+            if delay is None:
+                return  # the probe window is full: an answer pumps again
+            tokens = 0.0
+            if rpm is not None:
+                delay = max(delay, rpm.wait_time(now))
+            if tpm is not None:
+                tokens = float(self.token_estimator(sample.item))
+                delay = max(delay, tpm.wait_time(now, tokens))
+            if delay > 0:
+                self._wake_after(now, delay)
+                return
+            queue.popleft()
+            if rpm is not None:
+                rpm.take(now)
+            if tpm is not None:
+                tpm.take(now, tokens)
+            self._start(sample, now)
+        if self.in_flight == 0:
+            flow.on_backlog_cleared()
+
+    def _wake_after(self, now: float, delay: float) -> None:
+        at = now + delay
+        if self._wake is not None and self._wake_at <= at:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = at
+        self._wake = self.loop.call_at(at, self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake, self._wake_at = None, float("inf")
+        self.pump()
+
+    # -- one attempt --------------------------------------------------------------------------------
+    def _start(self, sample: Sample, now: float) -> None:
+        sample.state = RUNNING
+        attempt = sample.attempt = Attempt(sample, self.flow.on_send(now), now)
+        self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+        if self.timeout is not None:
+            self._timeouts.append((now + self.timeout, attempt))
+            if self._timeout_timer is None:
+                self._timeout_timer = self.loop.call_at(now + self.timeout, self._expire_timeouts)
+        item = sample.item
+        fields = {
+            "data_source": item.data_source,
+            "solution_str": item.solution_str,
+            "ground_truth": item.ground_truth,
+            "extra_info": item.extra_info,
+        }
+        try:
+            call = self.calls.start(fields, lambda: self._on_late_end(attempt))
+        except BaseException as exc:  # noqa: BLE001 - e.g. an async reward called with wrong arguments
+            self._attempt_ended(attempt, None, exc)
+            return
+        if isinstance(call, asyncio.Future):  # a thread or process call: its callback drives the attempt
+            attempt.call = call
+            call.add_done_callback(lambda future: self._call_done(attempt, future))
+        else:  # a coroutine: one task
+            attempt.unstarted = call
+            task = attempt.call = self.loop.create_task(self._run(attempt, call))
+            self.tasks[task] = attempt
+            task.add_done_callback(self._task_done)
+
+    def _call_done(self, attempt: Attempt, future: asyncio.Future) -> None:
+        if future.cancelled():
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
+        elif future.exception() is not None:
+            self._attempt_ended(attempt, None, future.exception())
+        elif inspect.isawaitable(future.result()):  # a sync wrapper that returned a coroutine
+            task = attempt.call = self.loop.create_task(self._run(attempt, future.result()))
+            self.tasks[task] = attempt
+            task.add_done_callback(self._task_done)
+        else:
+            self._attempt_ended(attempt, future.result(), None)
+
+    async def _run(self, attempt: Attempt, awaitable) -> None:
+        attempt.unstarted = None
+        try:
+            value = await awaitable
+            if inspect.isawaitable(value):
+                value = await value
+        except asyncio.CancelledError:
+            # Not re-raised: the task ends quietly. A timeout becomes the attempt's error; any other
+            # cancel came from whoever settled the sample (abandon, close).
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
+        except BaseException as exc:  # noqa: BLE001 - every failure of the user's call is an outcome
+            self._attempt_ended(attempt, None, exc)
+        else:
+            self._attempt_ended(attempt, value, None)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        attempt = self.tasks.pop(task, None)
+        if attempt is not None and attempt.unstarted is not None:
+            # Cancelled before its first step: ``_run`` never ran, so nothing else reports its end.
+            attempt.unstarted.close()
+            attempt.unstarted = None
+            self._attempt_ended(attempt, None, self._timeout_error(attempt), cancelled=True)
+
+    def _timeout_error(self, attempt: Attempt) -> TimeoutError | None:
+        return TimeoutError(f"request_timeout ({self.timeout}s)") if attempt.timed_out else None
+
+    def _expire_timeouts(self) -> None:
+        """The FIFO of attempt deadlines: time out the due attempts still running, drop finished ones."""
+        self._timeout_timer = None
+        now = self.loop.time()
+        queue = self._timeouts
+        while queue:
+            at, attempt = queue[0]
+            if attempt.finished or attempt.timed_out:
+                queue.popleft()
+            elif at <= now:
+                queue.popleft()
+                self._on_timeout(attempt)
+            else:
+                break
+        if len(queue) > 2 * self.in_flight + 1024:  # finished ones behind a slow head: compact
+            self._timeouts = queue = deque(entry for entry in queue if not entry[1].finished)
+        if queue:
+            self._timeout_timer = self.loop.call_at(queue[0][0], self._expire_timeouts)
+
+    def _on_timeout(self, attempt: Attempt) -> None:
+        attempt.timed_out = True
+        self._give_up(attempt)
+
+    def _give_up(self, attempt: Attempt) -> None:
+        """Cancel a running call (timeout, abandon) and start its hung-call watchdog (once)."""
+        if attempt.timer is None and attempt.holds_slot:
+            attempt.timer = self.loop.call_at(self.loop.time() + self.hung_grace, self._on_hung, attempt)
+        if attempt.call is not None:
+            attempt.call.cancel()
+
+    def _on_hung(self, attempt: Attempt) -> None:
+        """``hung_grace`` after a timeout or cancel, the call has not ended: give its slot back."""
+        attempt.timer = None
+        if not attempt.holds_slot:
+            return
+        if not attempt.finished:  # an async reward that ignored its cancellation: finish it from here
+            self._attempt_ended(attempt, None, TimeoutError("request_timeout (the call ignored its cancellation)"), hung=True)
+        attempt.hung = True
+        self.hung_now += 1
+        self.metrics.hung_calls += 1
+        self.calls.replace_hung_thread(+1)
+        _log.warning(
+            "%s: the reward call has not returned %ss after it was given up (timeout or cancel); its "
+            "slot is freed and it is counted as hung (%d now)", attempt.sample.where(), self.hung_grace, self.hung_now,
+        )
+        self._release(attempt)
+        if self.hung_now > self.max_hung_calls:
+            self.on_systemic_failure(
+                f"{self.hung_now} reward calls never returned after being given up (max_hung_calls="
+                f"{self.max_hung_calls}): the reward blocks forever on some inputs or ignores cancellation; "
+                "give its own I/O a timeout (or use executor: process, whose hung calls are killed)"
+            )
+
+    def _on_late_end(self, attempt: Attempt) -> None:
+        """A thread call that was given up has really ended now."""
+        if attempt.timer is not None:
+            attempt.timer.cancel()
+            attempt.timer = None
+        if attempt.hung:
+            attempt.hung = False
+            self.hung_now -= 1
+            self.calls.replace_hung_thread(-1)
+        self._release(attempt)
+
+    def _release(self, attempt: Attempt) -> None:
+        if attempt.holds_slot:
+            attempt.holds_slot = False
+            self.in_flight -= 1
+            self.pump()
+
+    def _attempt_ended(
+        self, attempt: Attempt, value: Any, error: BaseException | None, *, cancelled: bool = False, hung: bool = False,
+    ) -> None:
+        """The one place an attempt's result is turned into what happens next. ``cancelled``: the
+        wait was cancelled (by the timeout, ``abandon`` or close); ``hung``: called by the watchdog."""
+        if attempt.hung and not hung:  # a call declared hung has ended after all
+            attempt.hung = False
+            self.hung_now -= 1
+        # The slot stays with a thread that was given up but may still be running: it is freed when
+        # the thread returns (``_on_late_end``) or by the watchdog. Every other call is over now.
+        still_running = cancelled and self.calls.outlives_cancel
+        if not still_running and not hung and attempt.timer is not None:
+            attempt.timer.cancel()
+            attempt.timer = None
+        if not attempt.finished:
+            attempt.finished = True
+            self._decide(attempt, value, error, cancelled)
+        # Last: freeing the slot pumps the queue, which must see what this answer taught the flow control.
+        if not still_running and not hung:
+            self._release(attempt)
+
+    def _decide(self, attempt: Attempt, value: Any, error: BaseException | None, cancelled: bool) -> None:
+        sample = attempt.sample
+        now = self.loop.time()
+        if cancelled and not attempt.timed_out:
+            self.flow.on_abandoned()  # closed under it: the engine answers for the sample
+            return
+        if error is None and not attempt.timed_out:
+            self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
+            try:
+                score, extra = normalize_score(value, sample.where)
+                outcome: Outcome = Scored(score, extra, sample.attempts + 1)
+            except Exception as exc:  # noqa: BLE001 - e.g. 10**400 raises OverflowError in float()
+                outcome = Failed("invalid", str(exc) if isinstance(exc, RewardFunctionError)
+                                 else f"{sample.where()} returned an unusable score: {type(exc).__name__}: {exc}",
+                                 sample.attempts + 1)
+            self._finish(sample, outcome)
+            return
+        if error is None:
+            error = TimeoutError(f"request_timeout ({self.timeout}s)")
+        info = classify(error)
+        self.metrics.attempt_errors_by_kind[info.kind] += 1
+        if info.throttled:
+            self.metrics.throttled += 1
+            sample.throttles += 1
+        if info.throttled and self.flow.settings.enabled:
+            self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at, throttled=True, retry_after=info.retry_after)
+            if self.max_throttled_s is not None and self.flow.throttled_for(now) > self.max_throttled_s:
+                self.on_systemic_failure(
+                    f"every answer for {self.flow.throttled_for(now):.0f}s was a throttle ({info.kind}; "
+                    f"max_throttled_s={self.max_throttled_s}): the service is refusing this agent (quota "
+                    f"used up? wrong tier?). Last: {type(error).__name__}: {error}"
+                )
+                return
+            sample.state = QUEUED
+            self.queue.appendleft(sample)  # flow control, not failure: first in line once the pause ends
+            return
+        self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
+        sample.attempts += 1
+        delay = self.retry.next_delay(sample.attempts, info.retry_after) if info.retryable else None
+        if delay is None:
+            tries = f" after {sample.attempts} attempts" if sample.attempts > 1 else ""
+            self._finish(sample, Failed(info.kind, f"{sample.where()} failed{tries}: {type(error).__name__}: {error}", sample.attempts))
+            return
+        self.metrics.retries += 1
+        sample.state = WAITING
+        sample.timer = self.loop.call_at(now + delay, self._retry_now, sample)
+
+    def _retry_now(self, sample: Sample) -> None:
+        sample.timer = None
+        if sample.state == WAITING:
+            sample.state = QUEUED
+            self.queue.append(sample)
+            self.pump()
+
+    def _finish(self, sample: Sample, outcome: Outcome) -> None:
+        sample.state = DONE
+        if sample.cache_key is not None:
+            self._release_followers(sample, outcome)
+        self.on_outcome(sample, outcome)
+
+    # -- the cache ----------------------------------------------------------------------------------
+    def _enqueue_cached(self, sample: Sample) -> None:
+        key = request_key(sample.item)
+        found = self.cache.lookup(key, sample)
+        if found is True:
+            self.metrics.cache_hits += 1
+            return  # follows an identical request in flight
+        if found is not None:
+            self.metrics.cache_hits += 1
+            sample.state = DONE
+            self.loop.call_soon(self.on_outcome, sample, Scored(found.score, found.extra, 0, cached=True))
+            return
+        self.metrics.cache_misses += 1
+        sample.cache_key = key
+        self.queue.append(sample)
+
+    def _release_followers(self, leader: Sample, outcome: Outcome | None) -> None:
+        key, leader.cache_key = leader.cache_key, None
+        followers = [f for f in self.cache.finish(key, outcome) if f.state == QUEUED]
+        if isinstance(outcome, Scored):
+            for follower in followers:
+                follower.state = DONE
+                self.on_outcome(follower, Scored(outcome.score, outcome.extra, 0, cached=True))
+        elif followers:  # the leader failed or was abandoned: the followers are scored on their own
+            for follower in followers:
+                self._enqueue_cached(follower)
+            self.pump()
+
+    # -- shutdown -----------------------------------------------------------------------------------
+    async def aclose(self, timeout: float) -> int:
+        """Stop admitting, cancel every running attempt, wait up to ``timeout`` s for them to end.
+        Returns how many did not (async rewards that ignore cancellation): they are left behind."""
+        self._closed = True
+        for timer in (self._wake, self._timeout_timer):
+            if timer is not None:
+                timer.cancel()
+        for task in list(self.tasks):
+            task.cancel()
+        stuck = 0
+        if self.tasks:  # a cancelled call ends within milliseconds; one that ignores it is left behind
+            _, pending = await asyncio.wait(list(self.tasks), timeout=min(timeout, 2.0))
+            stuck = len(pending)
+        await self.calls.aclose()
+        return stuck
+
+    def snapshot(self) -> dict:
+        return {
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "queued": sum(1 for s in self.queue if s.state == QUEUED),
+            "hung_now": self.hung_now,
+            **self.calls.statistics(),
+        }
