@@ -4,9 +4,13 @@ verl.trainer.main_ppo ... trainer.v1.trainer_mode=async_reward``, before any wor
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
+import yaml
 from hydra import compose, initialize_config_module
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from tests.conftest import ROOT
 from verl_async_rm.integration.group_sizes import V0_CLASS, V1_CLASS
@@ -15,15 +19,29 @@ pytestmark = pytest.mark.quick
 REWARD = str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py")
 
 
+@functools.cache
+def _composed(module: str, name: str):
+    """One hydra composition per config (~0.5 s each); tests change copies with ``with_values``."""
+    with initialize_config_module(module, version_base=None):
+        return compose(name, overrides=["actor_rollout_ref.model.path=/nonexistent", f"reward.custom_reward_function.path={REWARD}"])
+
+
+def with_values(config, *overrides):
+    """``key=value`` overrides on a copy, as hydra would apply them to declared or new keys."""
+    config = copy.deepcopy(config)
+    with open_dict(config):
+        for override in overrides:
+            key, value = override.lstrip("+").split("=", 1)
+            OmegaConf.update(config, key, yaml.safe_load(value), force_add=True)  # 1 -> int, true -> bool
+    return config
+
+
 def ours(*overrides):
-    with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
-        return compose("async_ppo_trainer", overrides=[
-            "actor_rollout_ref.model.path=/nonexistent", f"reward.custom_reward_function.path={REWARD}", *overrides])
+    return with_values(_composed("verl_async_rm.hydra_conf", "async_ppo_trainer"), *overrides)
 
 
 def verls(*overrides):
-    with initialize_config_module("verl.trainer.config", version_base=None):
-        return compose("ppo_trainer", overrides=["actor_rollout_ref.model.path=/nonexistent", *overrides])
+    return with_values(_composed("verl.trainer.config", "ppo_trainer"), *overrides)
 
 
 @pytest.mark.parametrize(
