@@ -14,7 +14,12 @@ baseline paired by (seed, regime) with a 95% t-interval ("worse beyond noise" = 
 Each finished run is cached under --work (by steps, seed, latency and mode), so running the same
 command again after an interruption resumes where it stopped; delete the folder to measure afresh.
     python bench/e2e.py            # the README's figures: 3 seeds x 4 regimes, 16 steps (~65 min, 2 cores)
-    python bench/e2e.py --quick    # 2 runs of 1 step (checks it runs)
+    python bench/e2e.py --quick    # 3 runs of 1 step (checks it runs, the rollout-correction lane included)
+
+The rollout-correction lane (``both_k2_rc``: pipeline, two steps ahead, and verl's
+``algorithm.rollout_correction.rollout_is=token``, importance weights for the samples' staleness) is
+opt-in, like ``both_k2``: add ``both_k2_rc@2.0`` to ``--modes``. Its learning row answers whether
+correcting two-step-old samples helps over ``both_k2``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from verl_async_rm.demo import DEFAULT_MODES, MODES, ModeResult, run_mode  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-STRATEGIES = ("pipeline", "off_policy", "both", "both_k2")
+STRATEGIES = ("pipeline", "off_policy", "both", "both_k2", "both_k2_rc")
 FINAL_STEPS = 3  # first/final toy reward = mean batch reward over the first/last 3 steps
 TARGETS = {"hidden_when_latency_le_compute": 0.9, "reduction_at_2x_compute": 0.40}
 
@@ -234,10 +239,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--work", help="run folders and the per-run cache (default: next to --out, <out>_runs/)")
     parser.add_argument("--out", default=str(RESULTS / "e2e.json"))
     parser.add_argument("--progress", action="store_true", help="per-step progress of each run")
-    parser.add_argument("--quick", action="store_true", help="2 runs of 1 step: checks the script runs")
+    parser.add_argument("--quick", action="store_true", help="3 runs of 1 step: checks the script runs")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.seeds, args.latency_hi, args.modes = 1, "0", "0.2", "zero_latency,baseline"
+        args.steps, args.seeds, args.latency_hi, args.modes = 1, "0", "0.2", "zero_latency,baseline,both_k2_rc"
         args.out = args.out.replace(".json", "_quick.json")
     seeds = [int(s) for s in args.seeds.split(",")]
     highs = [float(h) for h in args.latency_hi.split(",")]

@@ -1,20 +1,32 @@
-"""Strategy flags and mini-batch planning: pure validation."""
+"""Strategy flags, start-time refusals and the shape of a step's updates: pure logic."""
 
 from __future__ import annotations
 
+import inspect
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from verl_async_rm.strategies.plan import (
+    BATCH_STATISTIC,
+    EXTRA_GENERATION,
     GROUP_EXACT,
-    MINI_BATCH_NORMALIZED,
+    MiniBatchPlan,
     StrategyConfig,
+    TrainerShape,
+    check_strategy,
     plan_mini_batches,
+    schedule_updates,
+    shape_from_config,
     strategy_from_mapping,
 )
 from verl_async_rm.strategies.timing import RewardTiming, latency_metrics
 
 pytestmark = pytest.mark.quick
-SHAPE = dict(train_batch_size=8, ppo_mini_batch_size=2, rollout_n=4, use_critic=False)
+SHAPE = TrainerShape(train_batch_size=8, ppo_mini_batch_size=2, rollout_n=4)
+PIPELINE = StrategyConfig(True)
 
 
 def test_flags_and_the_recipe_spellings():
@@ -22,6 +34,7 @@ def test_flags_and_the_recipe_spellings():
     assert strategy_from_mapping({"mini_batch_pipeline": True}).mini_batch_pipeline
     assert strategy_from_mapping({"update_pipeline": True}).mini_batch_pipeline  # the recipe's older flag
     assert strategy_from_mapping({"off_policy_steps": 1}) == StrategyConfig(False, 1)
+    assert strategy_from_mapping({"mini_batch_order": "index"}).mini_batch_order == "index"
     assert not StrategyConfig().enabled and StrategyConfig(off_policy_steps=2).enabled
     with pytest.raises(ValueError, match="contradicts"):
         strategy_from_mapping({"mini_batch_pipeline": True, "update_pipeline": False})
@@ -30,37 +43,182 @@ def test_flags_and_the_recipe_spellings():
             strategy_from_mapping({"off_policy_steps": bad})
     with pytest.raises(ValueError, match="true or false"):
         strategy_from_mapping({"mini_batch_pipeline": "yes"})
+    with pytest.raises(ValueError, match="mini_batch_order"):
+        strategy_from_mapping({"mini_batch_order": "random"})
 
 
-@pytest.mark.parametrize("estimator", sorted(GROUP_EXACT | MINI_BATCH_NORMALIZED - {"gae"}))
+def test_every_estimator_of_the_installed_verl_is_classified():
+    """The classification is read from verl 0.9.1's core_algos; a verl with a new estimator fails here."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, AdvantageEstimator
+
+    known = GROUP_EXACT | BATCH_STATISTIC | EXTRA_GENERATION
+    assert {e.value for e in AdvantageEstimator} == known
+    assert set(ADV_ESTIMATOR_REGISTRY) == known
+    assert not (GROUP_EXACT & BATCH_STATISTIC) and not (EXTRA_GENERATION & (GROUP_EXACT | BATCH_STATISTIC))
+
+
+@pytest.mark.parametrize("estimator", sorted(GROUP_EXACT))
+def test_group_exact_estimators_read_only_their_group(estimator):
+    """Shuffling the other groups' rewards never changes a group's advantages (verl's own functions)."""
+    import numpy as np
+    import torch
+
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.config import AlgoConfig
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.zeros(8, 5)
+    rewards[:, -1] = torch.rand(8, generator=generator)
+    mask = torch.ones(8, 5)
+    uids = np.array(["a"] * 4 + ["b"] * 4, dtype=object)
+    kwargs = dict(response_mask=mask, index=uids, config=AlgoConfig())
+    if "optimal_token_baseline" in estimator:
+        kwargs.update(old_log_probs=torch.full((8, 5), -1.0), sum_pi_squared=torch.full((8, 5), 0.2), rollout_is_weights=None)
+    fn = get_adv_estimator_fn(estimator)
+    first, _ = fn(token_level_rewards=rewards, **kwargs)
+    changed = rewards.clone()
+    changed[4:, -1] = torch.rand(4, generator=generator) * 7
+    second, _ = fn(token_level_rewards=changed, **kwargs)
+    assert torch.allclose(first[:4], second[:4])
+
+
+@pytest.mark.parametrize("estimator", sorted(BATCH_STATISTIC - {"gae", "gdpo"}))
+def test_batch_statistic_estimators_do_read_other_groups(estimator):
+    """The counterpart: these change a group's advantages when another group's rewards change, which
+    is why the README lists them as a difference under the pipeline."""
+    import numpy as np
+    import torch
+
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    rewards = torch.zeros(8, 5)
+    rewards[:, -1] = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    uids = np.array(["a"] * 4 + ["b"] * 4, dtype=object)
+    fn = get_adv_estimator_fn(estimator)
+    first, _ = fn(token_level_rewards=rewards, response_mask=torch.ones(8, 5), index=uids, config=AlgoConfig())
+    changed = rewards.clone()
+    changed[4:, -1] = torch.tensor([5.0, 6.0, 7.0, 0.0])  # also more nonzero scores (GPG reads their count)
+    second, _ = fn(token_level_rewards=changed, response_mask=torch.ones(8, 5), index=uids, config=AlgoConfig())
+    assert not torch.allclose(first[:4], second[:4])
+
+
+@pytest.mark.parametrize("estimator", sorted(GROUP_EXACT | BATCH_STATISTIC - {"gae"}))
 def test_pipeline_plans_whole_group_mini_batches(estimator):
-    plan = plan_mini_batches(StrategyConfig(True), adv_estimator=estimator, **SHAPE)
+    plan = plan_mini_batches(PIPELINE, TrainerShape(**{**SHAPE.__dict__, "adv_estimator": estimator}))
     assert (plan.samples_per_mini_batch, plan.mini_batches) == (8, 4)
 
 
 def test_without_the_pipeline_one_update_takes_the_batch():
-    plan = plan_mini_batches(StrategyConfig(False, 1), adv_estimator="remax", **SHAPE)
+    plan = plan_mini_batches(StrategyConfig(False, 1), SHAPE)
     assert (plan.samples_per_mini_batch, plan.mini_batches) == (32, 1)
 
 
+def shape(**changes) -> TrainerShape:
+    return TrainerShape(**{**SHAPE.__dict__, **changes})
+
+
 @pytest.mark.parametrize(
-    "changes, match",
+    "strategy, changes, match",
     [
-        ({"adv_estimator": "reinforce_plus_plus"}, "needs the whole batch"),
-        ({"adv_estimator": "remax"}, "needs the whole batch"),
-        ({"adv_estimator": "my_custom"}, "does not know"),
-        ({"adv_estimator": "gae"}, "needs a critic"),
-        ({"adv_estimator": "grpo", "ppo_mini_batch_size": 3}, "must divide"),
+        (PIPELINE, {"adv_estimator": "my_custom"}, "does not know"),
+        (PIPELINE, {"adv_estimator": "gae"}, "needs a critic"),
+        (PIPELINE, {"ppo_mini_batch_size": 3}, "must divide"),
+        (PIPELINE, {"adv_estimator": "gae", "use_critic": True, "use_pf_ppo": True}, "use_pf_ppo"),
+        (PIPELINE, {"rollout_is_batch_normalize": True}, "batch_normalize"),
+        (PIPELINE, {"use_critic": True, "critic_mini_batch_size": 3}, "critic.ppo_mini_batch_size"),
+        (StrategyConfig(False, 1), {"adv_estimator": "remax"}, "greedy generation"),
+        (StrategyConfig(False, 1), {"reward_manager": "dapo"}, "overlong penalty"),
+        (StrategyConfig(False, 1), {"reward_manager": "prime"}, "reward_manager.name=prime"),
+        (StrategyConfig(False, 1), {"reward_model_enabled": True}, "reward_model.enable"),
+        (StrategyConfig(False, 2), {}, "prefetches one batch at most"),
+        (StrategyConfig(False, 1), {"trainer_mode": "colocate_async"}, "conflicts"),
+        (StrategyConfig(False, 1), {"filter_groups": True}, "filter_groups"),
     ],
 )
-def test_misconfiguration_is_a_clear_error(changes, match):
-    shape = {**SHAPE, "adv_estimator": "grpo", **changes}
+def test_what_cannot_run_as_verl_is_refused_at_start(strategy, changes, match):
     with pytest.raises(ValueError, match=match):
-        plan_mini_batches(StrategyConfig(True), **shape)
+        check_strategy(strategy, shape(**changes))
 
 
-def test_gae_with_a_critic_is_allowed():
-    assert plan_mini_batches(StrategyConfig(True), adv_estimator="gae", **{**SHAPE, "use_critic": True}).mini_batches == 4
+@pytest.mark.parametrize(
+    "strategy, changes",
+    [
+        (StrategyConfig(), {"adv_estimator": "remax", "reward_manager": "dapo"}),  # strategies off: stock verl
+        (StrategyConfig(False, 2), {"use_v1": False}),
+        (PIPELINE, {"reward_manager": "async_agent", "ppo_epochs": 2}),
+        (PIPELINE, {"adv_estimator": "gae", "use_critic": True, "critic_mini_batch_size": 4}),
+        (StrategyConfig(False, 1), {"trainer_mode": "async_reward"}),
+    ],
+)
+def test_what_runs_as_verl_is_accepted(strategy, changes):
+    check_strategy(strategy, shape(**changes))
+
+
+def test_shape_is_read_from_verls_config():
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        config = compose("ppo_trainer", overrides=[
+            "algorithm.adv_estimator=grpo", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=2",
+            "critic.ppo_mini_batch_size=8", "reward.reward_manager.name=dapo", "trainer.use_v1=false",
+        ])
+    read = shape_from_config(config)
+    assert read == TrainerShape(
+        use_v1=False, trainer_mode="sync", train_batch_size=16, rollout_n=4, ppo_mini_batch_size=4, ppo_epochs=2,
+        use_critic=False, critic_mini_batch_size=8, critic_epochs=2, adv_estimator="grpo", reward_manager="dapo",
+    )
+    # the shape names every field check_strategy and plan_mini_batches read
+    assert set(inspect.signature(TrainerShape).parameters) == set(TrainerShape.__dataclass_fields__)
+
+
+def test_critic_mini_batches_that_do_not_divide_the_actors_accumulate():
+    """F6: actor mini-batches of 2 prompts, critic of 4 (or 3): the critic trains on whole critic
+    mini-batches, every lcm(actor, critic) prompts."""
+    plan = plan_mini_batches(PIPELINE, shape(adv_estimator="gae", use_critic=True, critic_mini_batch_size=4))
+    assert plan.critic_every == 2
+    plan = plan_mini_batches(PIPELINE, shape(train_batch_size=12, adv_estimator="gae", use_critic=True, critic_mini_batch_size=3))
+    assert plan.critic_every == 3 and plan.mini_batches == 6
+
+
+@given(
+    mini_batches=st.integers(1, 8),
+    critic_every=st.integers(1, 4),
+    actor_epochs=st.integers(1, 3),
+    critic_epochs=st.integers(1, 3),
+    use_critic=st.booleans(),
+    update_actor=st.booleans(),
+)
+def test_update_schedule_does_per_step_what_verls_one_call_does(mini_batches, critic_every, actor_epochs, critic_epochs,
+                                                                 use_critic, update_actor):
+    """Per role and step: every mini-batch trained once per epoch, epoch 1 piece by piece and in
+    order, later epochs over the whole batch; the LR scheduler stepped once, on the last call; one
+    load (the first call) and one offload (the last)."""
+    if mini_batches % critic_every:
+        critic_every = 1
+    plan = MiniBatchPlan(8, mini_batches, critic_every, actor_epochs, critic_epochs)
+    calls = schedule_updates(plan, use_critic=use_critic, update_actor=update_actor).calls
+    roles = (["critic"] if use_critic else []) + (["actor"] if update_actor else [])
+    assert {c.role for c in calls} == set(roles)
+    for role in roles:
+        mine = [c for c in calls if c.role == role]
+        epochs = critic_epochs if role == "critic" else actor_epochs
+        trained = [p for c in mine if c.pieces is not None for p in c.pieces for _ in range(c.epochs)]
+        whole = sum(c.epochs for c in mine if c.pieces is None)
+        if mini_batches == 1:
+            assert whole == 0 and trained == [0] * epochs
+        else:
+            assert trained == list(range(mini_batches)) and whole == epochs - 1
+            size = critic_every if role == "critic" else 1
+            assert all(len(c.pieces) == size for c in mine if c.pieces is not None)
+        assert [c.step_lr for c in mine] == [False] * (len(mine) - 1) + [True]
+        assert [c.load for c in mine] == [True] + [False] * (len(mine) - 1)
+        assert [c.offload for c in mine] == [False] * (len(mine) - 1) + [True]
+    # a call only uses pieces that exist when it runs; the critic goes before the actor, as in verl
+    for earlier, later in zip(calls, calls[1:]):
+        end = lambda c: math.inf if c.pieces is None else c.pieces[-1]  # noqa: E731
+        assert end(earlier) <= end(later)
 
 
 def test_reward_timing_overlap():

@@ -38,6 +38,9 @@ MODES: dict[str, list[str]] = {
     "both": ["mini_batch_pipeline=true", "off_policy_steps=1"],
     # opt-in: two batches ahead (v0 only), for a reward tail longer than a step's compute
     "both_k2": ["mini_batch_pipeline=true", "off_policy_steps=2"],
+    # opt-in: the same, with verl's off-policy correction (token-level importance weights between the
+    # rollout's and the trainer's log-probs: the decoupled PPO loss the recipe offered)
+    "both_k2_rc": ["mini_batch_pipeline=true", "off_policy_steps=2", "+algorithm.rollout_correction.rollout_is=token"],
 }
 DEFAULT_MODES = ["zero_latency", "baseline", "pipeline", "off_policy", "both"]
 SHAPE = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
@@ -101,7 +104,7 @@ def markdown_table(rows: list[dict]) -> str:
     """The README's demo table, generated from demo.json's rows (a test checks the README quotes it)."""
     names = {"zero_latency": "zero latency (the bound)", "baseline": "baseline (stock trainer, rewards in verl's agent loop)",
              "pipeline": "mini-batch pipeline", "off_policy": "one-step off-policy", "both": "both",
-             "both_k2": "both, two steps ahead"}
+             "both_k2": "both, two steps ahead", "both_k2_rc": "both, two steps ahead, rollout correction"}
     lines = ["| run | loop time | reduction vs baseline | reward wait hidden | blocked on rewards per step | toy reward, last 3 steps |",
              "|---|---|---|---|---|---|"]
     for row in rows:

@@ -17,10 +17,10 @@ from omegaconf import DictConfig, open_dict
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
-from verl_async_rm.strategies.plan import strategy_from_mapping
+from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
+from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
-V1_MODE = "async_reward"  # verl_async_rm.strategies.v1, registered by the plugin
 CONFIG_NAME = "async_ppo_trainer"  # verl_async_rm/hydra_conf/: verl's ppo_trainer plus our settings
 SETTINGS_CONFIG = "async_reward_settings"  # our keys alone, shared by async_ppo_trainer and async_ppo_megatron_trainer
 
@@ -30,24 +30,21 @@ def prepare(config: DictConfig) -> DictConfig:
     strategy = strategy_from_mapping(config)
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
         check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
+    check_strategy(strategy, shape_from_config(config))  # everything the strategies cannot run as verl would
+    agent = config.actor_rollout_ref.rollout.agent
+    chosen = agent.get("agent_loop_manager_class")
     if strategy.enabled and config.trainer.get("use_v1", True):
-        if strategy.off_policy_steps > 1:
-            raise ValueError(
-                f"off_policy_steps={strategy.off_policy_steps}: the v1 trainer mode prefetches one batch at most "
-                "(verl's sync replay buffer orders batches by step); use 1, or the v0 trainer (trainer.use_v1=False)"
-            )
-        mode = config.trainer.v1.trainer_mode
-        if mode not in ("sync", V1_MODE):
-            raise ValueError(f"the strategies are their own v1 trainer mode ({V1_MODE}); trainer.v1.trainer_mode={mode} conflicts")
         with open_dict(config):
             config.trainer.v1.trainer_mode = V1_MODE
     elif strategy.enabled:
-        agent = config.actor_rollout_ref.rollout.agent
-        chosen = agent.get("agent_loop_manager_class")
         if chosen and chosen != AGENT_LOOP_CLASS:
             raise ValueError(f"the strategies need agent_loop_manager_class={AGENT_LOOP_CLASS}, not {chosen}")
         with open_dict(config):
             agent.agent_loop_manager_class = AGENT_LOOP_CLASS  # training generation without in-loop rewards
+    elif config.reward.reward_manager.name == "async_agent" and not chosen:
+        # Stamps each sample with its group's real size, so the per-sample path never waits on a timer.
+        with open_dict(config):
+            agent.agent_loop_manager_class = GROUP_SIZE_V1_CLASS if config.trainer.get("use_v1", True) else GROUP_SIZE_V0_CLASS
     return config
 
 

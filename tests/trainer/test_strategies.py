@@ -1,65 +1,103 @@
-"""The strategies on verl's real trainers (CPU backend; v0, and v1's async_reward mode): sample
-accounting, LR, optimizer steps, staleness, learning, GAE with a critic, and resume from a
-checkpoint taken with a prefetched batch in flight.
+"""The strategies on verl's real trainers (CPU backend; v0, and v1's async_reward mode), looking
+where the seam's bugs live. Each run checks several properties at once (a run costs ~45 s of start-up).
 
 Every run: GRPO on the toy task, 8 prompts x 4 samples per step, 4 PPO mini-batches per step, a
-warm-up LR schedule (a scheduler stepped once per mini-batch would show), verl's rollout dump,
-rewards through the async_agent manager. v0 runs 16 steps (long enough for the toy reward to rise,
-so learning is compared with the baseline's), v1 runs 4. The baselines are verl's stock trainers
-(strategies off: ``main_ppo`` hands the config to verl's own ``main``), with validation through the
-agent before step 1.
+warm-up LR schedule (a scheduler stepped once per mini-batch would show), verl's rollout dump, rewards
+through the async_agent manager with ``tests/trainer/seam_reward.py`` (the toy reward, reporting
+whether it saw what verl's naive manager passes a reward). The baselines are verl's stock trainers
+(strategies off: ``main_ppo`` hands the config to verl's own ``main``; rewards on the per-sample path).
+
+| run | what it adds |
+|---|---|
+| v0 baseline | deterministic rollout; validation (before training and every 8 steps) of 15 prompts on 2 agent-loop workers, so verl pads it; checkpoints every 2 steps |
+| v0 pipeline | the baseline's config, plus the pipeline in verl's own mini-batch order: equal parameters |
+| v0 both | pipeline (completion order), two steps ahead, rollout correction (token IS), ppo_epochs=2 with shuffle, parameter and optimizer offload, injected reward failures, the padded validation |
+| v0 gae | pipeline and one step ahead with a critic whose mini-batch (4 prompts) does not divide the actor's (2); KL in the reward with an adaptive controller; resumed from a checkpoint taken with a batch in flight |
+| v0 baseline_e2 / pipeline_e2 | 2 steps, ppo_epochs=2: equal parameters |
+| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path |
+| v1 both | pipeline + off-policy on an agent loop with two outputs per session, per-prompt ``__rollout_n__`` and failing sessions; validation before training |
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tests.conftest import ROOT
+from tests.trainer import multi_output_loop
+from tests.trainer.seam_reward import fails
 from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
-from verl_async_rm.cpu_backend.toy_task import score_text
+from verl_async_rm.cpu_backend.toy_task import score_text, write_dataset
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 STEPS = {"v0": 16, "v1": 4}
+REWARD = str(Path(__file__).parent / "seam_reward.py")
 SHAPE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 8 prompts / 2 = 4 mini-batches per step
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
+    f"reward.custom_reward_function.path={REWARD}",
+    "+reward.async_agent.extra_keys=[saw_inputs]",
+    "reward.async_agent.group_wait=30",  # a timer-based wait on the per-sample path would show in validation
 ]
-BOTH = ["mini_batch_pipeline=true", "off_policy_steps=1"]
-FLAGS = {
-    "baseline": [],
-    "pipeline": ["mini_batch_pipeline=true"],
-    "off_policy": ["off_policy_steps=1"],
-    "both": BOTH,
-    # GAE: a critic (the same tiny model with a value head) updated per mini-batch next to the actor
-    "gae_both": [*BOTH, "algorithm.adv_estimator=gae", "critic.strategy=fsdp2", "critic.model.use_remove_padding=false",
-                 "critic.model.enable_gradient_checkpointing=false", "+critic.model.override_config.attn_implementation=eager",
-                 "critic.fsdp.use_torch_compile=false", "critic.fsdp.model_dtype=fp32", "critic.fsdp.seed=0",
-                 "+critic.fsdp.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-                 "critic.optim.lr=1e-3", "critic.optim.lr_warmup_steps=3", "critic.ppo_micro_batch_size_per_gpu=8"],
+NO_FAILURES = ["+reward.custom_reward_function.reward_kwargs={fail:false}"]
+PADDED_VALIDATION = ["actor_rollout_ref.rollout.agent.num_workers=2"]  # with the 15-prompt validation set
+PIPELINE, INDEX_ORDER = ["mini_batch_pipeline=true"], ["+mini_batch_order=index"]
+CRITIC = ["algorithm.adv_estimator=gae", "critic.strategy=fsdp2", "critic.model.use_remove_padding=false",
+          "critic.model.enable_gradient_checkpointing=false", "+critic.model.override_config.attn_implementation=eager",
+          "critic.fsdp.use_torch_compile=false", "critic.fsdp.model_dtype=fp32", "critic.fsdp.seed=0",
+          "+critic.fsdp.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+          "critic.optim.lr=1e-3", "critic.optim.lr_warmup_steps=3", "critic.ppo_micro_batch_size_per_gpu=8"]
+ADAPTIVE_KL = {"kl_coef": 0.05, "target_kl": 0.001, "horizon": 100}
+RUNS = {
+    ("v0", "baseline"): dict(flags=[*NO_FAILURES, *PADDED_VALIDATION], deterministic=True, validate=True, save_freq=2),
+    ("v0", "pipeline"): dict(flags=[*NO_FAILURES, *PADDED_VALIDATION, *PIPELINE, *INDEX_ORDER], deterministic=True,
+                             validate=True, save_freq=2),
+    ("v0", "both"): dict(flags=[*PADDED_VALIDATION, *PIPELINE, "off_policy_steps=2", "+algorithm.rollout_correction.rollout_is=token",
+                                "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=true",
+                                "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"], validate=True),
+    ("v0", "gae"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1", *CRITIC, "critic.ppo_mini_batch_size=4",
+                               "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+                               *[f"algorithm.kl_ctrl.{k}={v}" for k, v in ADAPTIVE_KL.items()]], critic=True),
+    ("v0", "baseline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2"], deterministic=True, steps=2, save_freq=2),
+    ("v0", "pipeline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2", *PIPELINE, *INDEX_ORDER],
+                                deterministic=True, steps=2, save_freq=2),
+    ("v1", "baseline"): dict(flags=[*NO_FAILURES, "trainer.test_freq=2"], validate=True),
+    ("v1", "pipeline"): dict(flags=[*NO_FAILURES, *PIPELINE]),
+    ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"]),
+    ("v1", "both"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1",
+                                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
 }
-MODES = ("baseline", "pipeline", "off_policy", "both")
-RUNS = [(trainer, mode) for trainer in ("v0", "v1") for mode in MODES] + [("v0", "gae_both")]
-STRATEGY_RUNS = [run for run in RUNS if run[1] != "baseline"]
-SAVED = {"v0": (14, 16), "v1": (2, 4)}  # checkpoints: save_freq 2 on v1, 14 on v0 (and the last step)
+STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
+SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
 
 
-def train(out_dir: Path, assets: CPURunConfig, trainer: str, mode: str, *overrides: str):
-    baseline = mode == "baseline"
-    extra = [f"critic.model.path={assets.model_dir}"] if mode.startswith("gae") else []
+def train(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides: str):
+    spec = RUNS[trainer, mode]
+    extra = [f"critic.model.path={assets['cfg'].model_dir}"] if spec.get("critic") else []
+    train_file = assets["cfg"].train_file
+    if spec.get("multi_output"):
+        train_file = assets["multi_output_data"]
+        extra.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={assets['loops']}")
+    validate = spec.get("validate", False)
+    if validate and trainer == "v0":
+        extra.append("trainer.test_freq=8")
     cfg = CPURunConfig(
-        out_dir=str(out_dir), trainer=trainer, steps=STEPS[trainer], entry_module="verl_async_rm.main_ppo",
-        model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
-        reward_manager="async_agent", val_before_train=baseline, save_freq=2 if trainer == "v1" else 14,
-        timeout_s=600, v1_poll_interval_s=0.05,
-        extra_overrides=[*SHAPE, f"trainer.rollout_data_dir={out_dir / 'rollouts'}", *FLAGS[mode], *extra, *overrides],
+        out_dir=str(out_dir), trainer=trainer, steps=spec.get("steps", STEPS[trainer]), entry_module="verl_async_rm.main_ppo",
+        model_dir=assets["cfg"].model_dir, train_file=train_file, val_file=assets["val15"],
+        reward_manager="async_agent", val_before_train=validate,
+        save_freq=spec.get("save_freq", 2 if trainer == "v1" else 14), deterministic=spec.get("deterministic", False),
+        timeout_s=600, v1_poll_interval_s=0.05, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the test loop
+        extra_overrides=[*SHAPE, f"trainer.rollout_data_dir={out_dir / 'rollouts'}", *spec["flags"], *extra, *overrides],
     )
     result = run(cfg, progress=False)
     assert result.ok, f"training failed (rc {result.returncode}); log in {out_dir}"
@@ -67,8 +105,9 @@ def train(out_dir: Path, assets: CPURunConfig, trainer: str, mode: str, *overrid
 
 
 def dumped(out_dir: Path) -> dict[int, list[dict]]:
+    """The rollout dump per step, without v1's synthetic padding rows."""
     return {
-        int(path.stem): [json.loads(line) for line in path.read_text().splitlines()]
+        int(path.stem): [row for row in map(json.loads, path.read_text().splitlines()) if not row.get("uid", "").startswith("pad")]
         for path in sorted((out_dir / "rollouts").glob("*.jsonl"))
     }
 
@@ -79,13 +118,24 @@ def optimizer_steps(out_dir: Path, step: int, role: str = "actor") -> set[int]:
     return {int(v["step"]) for v in state["state"].values()}
 
 
+def parameters(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    state = torch.load(out_dir / "checkpoints" / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt",
+                       weights_only=False)
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).float() for k, v in state.items()}
+
+
 def values(result, key: str) -> list[float]:
     return [v for _, v in result.series(key)]
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    return prepare_assets(CPURunConfig(out_dir=str(tmp_path_factory.mktemp("assets"))))
+    cfg = prepare_assets(CPURunConfig(out_dir=str(tmp_path_factory.mktemp("assets"))))
+    data = Path(cfg.out_dir) / "data"
+    _, val15 = write_dataset(str(data / "val15"), n_val=15)  # 15 x val n=1 on 2 workers: verl pads one row
+    multi = multi_output_loop.write_dataset(cfg.train_file, str(data / "multi_output.parquet"))
+    loops = multi_output_loop.write_config(str(data / "loops.yaml"))
+    return {"cfg": cfg, "val15": val15, "multi_output_data": multi, "loops": loops}
 
 
 @pytest.fixture(scope="module")
@@ -97,70 +147,203 @@ def runs(tmp_path_factory, assets):
     return out
 
 
-@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def sessions(rows):
+    """v1 dump rows by session ({uid}_{session}_{output} keys)."""
+    out = defaultdict(list)
+    for row in rows:
+        uid, session, index = row["uid"].rsplit("_", 2)
+        out[uid, session].append((int(index), row))
+    return out
+
+
+@pytest.mark.parametrize("run", list(RUNS), ids="-".join)
 def test_every_sample_trained_once_with_its_own_reward(runs, run):
+    """32 samples a step in 8 whole groups, each batch trained once; every sample's reward is its
+    own response's (a failed sample: its group's mean, the neutral policy); v1 multi-output
+    sessions: every output gets the session's final output's score, as verl gives it."""
     trainer, mode = run
     directory, _ = runs[run]
     steps = dumped(directory)
-    assert sorted(steps) == list(range(1, STEPS[trainer] + 1))
-    seen_uids: set[str] = set()
+    assert sorted(steps) == list(range(1, RUNS[run].get("steps", STEPS[trainer]) + 1))
+    seen: set[str] = set()
+    failed = 0
     for step, rows in steps.items():
-        assert len(rows) == 32, f"step {step}: {len(rows)} samples trained"
-        for row in rows:  # the reward trained on is the reward of that very response
-            assert row["score"] == pytest.approx(score_text(row["output"], row["gts"]), abs=1e-6)
-        if mode != "baseline":
-            uids = Counter(row["uid"].split("_")[0] for row in rows)  # v1 keys read "{uid}_{session}_{turn}"
-            assert len(uids) == 8 and set(uids.values()) == {4}  # 8 whole groups of 4, each once
-            assert not seen_uids & set(uids)  # no batch trained twice
-            seen_uids |= set(uids)
+        if RUNS[run].get("multi_output"):
+            groups = Counter()
+            for (uid, _), outputs in sessions(rows).items():
+                final = max(outputs, key=lambda o: o[0])[1]
+                assert [o[0] for o in sorted(outputs, key=lambda o: o[0])] == [0, 1]  # two outputs per session
+                for _, row in outputs:
+                    assert row["score"] == pytest.approx(score_text(final["output"], final["gts"]), abs=1e-6)
+                groups[uid] += 1
+            assert len(groups) == 8 and len(set(groups.values())) > 1  # groups of several sizes
+            uids = set(groups)
+        else:
+            assert len(rows) == 32, f"step {step}: {len(rows)} samples trained"
+            by_group = defaultdict(list)
+            for row in rows:  # v1 dumps the TransferQueue key "{uid}_{session}_{output}"; stock v0 dumps no uid
+                by_group[row["uid"].rsplit("_", 2)[0] if trainer == "v1" else row.get("uid", row["input"])].append(row)
+            assert len(by_group) == 8 and {len(g) for g in by_group.values()} == {4}  # 8 whole groups of 4
+            for group in by_group.values():
+                ok = [score_text(r["output"], r["gts"]) for r in group if not r.get("reward_failed")]
+                for row in group:  # v1 dumps carry no reward keys (as verl): no failures injected there
+                    broke = row.get("reward_failed", 0)
+                    expected = np.mean(ok) if broke and ok else 0.0 if broke else score_text(row["output"], row["gts"])
+                    assert row["score"] == pytest.approx(expected, abs=1e-5)
+                    if trainer == "v0":
+                        assert broke == int(mode == "both" and fails(row["output"]))
+                    failed += broke
+            uids = set(by_group)
+        if not mode.startswith("baseline"):
+            assert not seen & uids  # no batch trained twice
+        seen |= uids
+    if mode == "both" and trainer == "v0":
+        assert failed > 0
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r[0] == "v0" or RUNS[r].get("validate")], ids="-".join)
+def test_the_reward_receives_what_verls_naive_manager_passes(runs, run):
+    """F5: the dataset's extra_info, the agent loop's fields, num_turns and rollout_reward_scores,
+    on the per-sample path (baselines) and the strategies' batched paths, training and validation."""
+    trainer, _ = run
+    directory, result = runs[run]
+    if trainer == "v0":
+        rows = [row for step in dumped(directory).values() for row in step if not row["reward_failed"]]
+        assert rows and {row["saw_inputs"] for row in rows} == {1}
+    seen = values(result, "val-aux/verl_async_rm/letter_case/saw_inputs/mean@1")  # v1 dumps no reward keys (as verl)
+    assert (len(seen) > 0) == bool(RUNS[run].get("validate")) and set(seen) <= {1.0}
 
 
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
-def test_stock_baseline_scores_and_validates_through_the_agent(runs, trainer):
-    """Strategies off: verl's stock trainer, with the async_agent manager scoring training and validation."""
+def test_stock_baseline_scores_and_validates_through_the_agent_without_waiting(runs, trainer):
+    """Strategies off: verl's stock trainer, with the async_agent manager scoring training and
+    validation one sample at a time. Each sample carries its group's real size (stamped by our
+    agent-loop manager), so validation groups (val n=1, padding rows included) close at once:
+    validation takes well under group_wait (30 s), which a timer-based close would cost."""
     _, result = runs[trainer, "baseline"]
     assert [step for step, _ in result.series("critic/score/mean")] == list(range(1, STEPS[trainer] + 1))
     assert not result.series("async_reward/staleness")  # none of the strategies' code ran
-    # reward_failed is a key only the agent adds to the reward's extra info: validation went through it
-    [(step, failed)] = result.series("val-aux/verl_async_rm/letter_case/reward_failed/mean@1")
+    [(step, failed)] = result.series("val-aux/verl_async_rm/letter_case/reward_failed/mean@1")[:1]
     assert (step, failed) == (0, 0.0)
+    testing = values(result, "timing_s/testing")
+    assert len(testing) == 2 and max(testing) < 15, testing
     assert max(values(result, "training/rollout_probs_diff_max")) < 1e-4  # rollout weights synced each step
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_pipeline_in_verls_mini_batch_order_ends_with_the_baselines_parameters(runs, epochs):
+    """off_policy_steps=0 + the pipeline with mini_batch_order=index makes verl's own mini-batches
+    (rows of the balanced batch, in order), scores them as they arrive and trains epoch 2 over the
+    whole batch: after 2 steps the actor's parameters equal the stock trainer's, to 1e-6 (measured:
+    bit-identical on this CPU backend). The rollout is deterministic, so both runs generate the
+    same samples; a negative control shows the comparison sees a real change."""
+    suffix = "" if epochs == 1 else "_e2"
+    base_dir, _ = runs["v0", f"baseline{suffix}"]
+    pipe_dir, _ = runs["v0", f"pipeline{suffix}"]
+    base, pipe = parameters(base_dir, 2), parameters(pipe_dir, 2)
+    assert max((base[k] - pipe[k]).abs().max().item() for k in base) <= 1e-6
+    for step in (1, 2):  # the same generations (after step 1: from equal weights)
+        assert Counter(r["output"] for r in dumped(base_dir)[step]) == Counter(r["output"] for r in dumped(pipe_dir)[step])
+    other = parameters(runs["v0", "baseline_e2" if epochs == 1 else "baseline"][0], 2)
+    assert max((base[k] - other[k]).abs().max().item() for k in base) > 1e-3  # one more epoch shows
+
+
 @pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
-def test_lr_and_optimizer_steps_match_the_baseline(runs, run):
-    trainer, _ = run
+def test_lr_steps_once_per_step_and_the_optimizer_once_per_mini_batch_and_epoch(runs, run):
+    trainer, mode = run
+    if RUNS[run].get("steps"):
+        return  # the 2-step runs: covered by the equivalence test
     baseline_dir, baseline = runs[trainer, "baseline"]
     directory, result = runs[run]
     assert values(result, "actor/lr") == pytest.approx(values(baseline, "actor/lr"))
     assert len(set(values(baseline, "actor/lr"))) > 1  # the schedule really moves
+    epochs = 2 if "actor_rollout_ref.actor.ppo_epochs=2" in RUNS[run]["flags"] else 1
+    steps = dumped(directory)
     for step in SAVED[trainer]:
-        assert optimizer_steps(directory, step) == optimizer_steps(baseline_dir, step) == {4 * step}
+        # verl's count: one per mini-batch of 8 rows (v1 pads a batch of irregular groups to a multiple)
+        mini_batches = sum(-(-len(steps[s]) // 8) for s in range(1, step + 1))
+        assert optimizer_steps(directory, step) == {epochs * mini_batches}
+    assert optimizer_steps(baseline_dir, SAVED[trainer][-1]) == {4 * SAVED[trainer][-1]}
 
 
-def test_gae_critic_steps_its_schedule_once_per_step_and_optimizer_once_per_mini_batch(runs):
-    directory, result = runs["v0", "gae_both"]
+def test_critic_with_a_mini_batch_that_does_not_divide_the_actors(runs):
+    """F6: actor mini-batches of 2 prompts, critic of 4: the critic trains on whole critic
+    mini-batches (2 optimizer steps a step, verl's count) and steps its LR once per step."""
+    directory, result = runs["v0", "gae"]
     actor_lr, critic_lr = np.array(values(result, "actor/lr")), np.array(values(result, "critic/lr"))
     assert len(critic_lr) == STEPS["v0"]
-    # same warm-up (3 steps) on both, so the critic's LR is the actor's scaled by 1e-3 / 1e-2
-    assert critic_lr == pytest.approx(actor_lr * 0.1)
+    assert critic_lr == pytest.approx(actor_lr * 0.1)  # same warm-up; 1e-3 vs 1e-2
     assert all(np.isfinite(values(result, "critic/vf_loss")))
-    assert "critic/vf_explained_var" in result.metrics[-1]["data"]
     for step in SAVED["v0"]:
-        assert optimizer_steps(directory, step, "critic") == {4 * step}
+        assert optimizer_steps(directory, step, "critic") == {2 * step}
+        assert optimizer_steps(directory, step) == {4 * step}
+
+
+def test_the_adaptive_kl_controller_moves_once_per_step(runs):
+    """S5: with KL in the reward, verl updates the controller once per batch with the batch's KL; the
+    logged coefficients follow that recursion exactly (K updates per step would not)."""
+    _, result = runs["v0", "gae"]
+    kl, coef = values(result, "actor/reward_kl_penalty"), values(result, "actor/reward_kl_penalty_coeff")
+    assert len(kl) == len(coef) == STEPS["v0"] and coef[0] == ADAPTIVE_KL["kl_coef"]
+    for t in range(1, len(coef)):
+        error = np.clip(kl[t - 1] / ADAPTIVE_KL["target_kl"] - 1, -0.2, 0.2)
+        assert coef[t] == pytest.approx(coef[t - 1] * (1 + error * 32 / ADAPTIVE_KL["horizon"]), rel=1e-9)
+    assert len(set(coef)) > 2
 
 
 @pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
 def test_staleness_and_reward_timing_metrics(runs, run):
     trainer, mode = run
     _, result = runs[run]
-    steps = STEPS[trainer]
-    expected = [0] + [1] * (steps - 1) if "off_policy_steps=1" in FLAGS[mode] else [0] * steps
-    assert values(result, "async_reward/staleness") == expected
-    assert values(result, "async_reward/failed") == [0] * steps
+    steps = RUNS[run].get("steps", STEPS[trainer])
+    lag = max([int(f.split("=")[1]) for f in RUNS[run]["flags"] if f.startswith("off_policy_steps=")] or [0])
+    assert values(result, "async_reward/staleness") == [min(s, lag) for s in range(steps)]
+    failed = values(result, "async_reward/failed")
+    assert (sum(failed) > 0) == (mode == "both" and trainer == "v0")
     assert all(v >= 0 for v in values(result, "async_reward/blocked_s"))
-    per_mini_batch = 2.0 if "mini_batch_pipeline=true" in FLAGS[mode] else 8.0
-    assert values(result, "async_reward/groups_per_mini_batch") == [per_mini_batch] * steps
+    pipelined = values(result, "async_reward/pipelined")
+    if RUNS[run].get("multi_output"):
+        assert pipelined == [0.0] * steps  # groups of several sizes: trained whole, as verl
+    elif "mini_batch_pipeline=true" in RUNS[run]["flags"]:
+        assert pipelined == [1.0] * steps
+        assert values(result, "async_reward/groups_per_mini_batch") == [2.0] * steps
+
+
+@pytest.mark.parametrize("run", list(RUNS), ids="-".join)
+def test_replicas_sleep_once_per_step_including_the_last_off_policy_steps(runs, run):
+    """F3: every training step's weight update finds the replicas put to sleep exactly once since
+    the previous update; the last k off-policy steps generate nothing and must sleep all the same."""
+    trainer, _ = run
+    _, result = runs[run]
+    events = result.replica_events()
+    training = [e for e in events if e["event"] == "update_weights" and (e["requested"] or 0) >= 1]
+    steps = RUNS[run].get("steps", STEPS[trainer])
+    assert [e["requested"] for e in training] == list(range(1, steps + 1))
+    assert [e["sleeps_since_update"] for e in training] == [1] * steps
+    assert not [e for e in events if e["event"] == "generate_while_asleep"]
+
+
+def test_everything_in_one_step_two_ahead(runs):
+    """v0 both: validation padded by verl and failures in some mini-batches (F1, F2), two epochs
+    with shuffle (S1), offload once per step, rollout correction seeing two steps of staleness (S6)."""
+    directory, result = runs["v0", "both"]
+    assert [s for s, _ in result.series("val-core/verl_async_rm/letter_case/acc/mean@1")] == [0, 8, 16]
+    assert values(result, "async_reward/actor_loads") == [1] * STEPS["v0"]
+    assert values(result, "async_reward/actor_offloads") == [1] * STEPS["v0"]
+    kl = values(result, "rollout_corr/kl")
+    assert len(kl) == STEPS["v0"] and abs(kl[0]) < 1e-4  # step 1: generated by the weights it trains
+    assert min(abs(v) for v in kl[2:]) > 1e-3  # then two policy versions old: the correction sees it
+    assert len(values(result, "rollout_corr/rollout_is_mean")) == STEPS["v0"]
+    # some step had failures in some of its 4 mini-batches (2 groups each) and none in another
+    failing_groups = [len({r["uid"] for r in rows if r["reward_failed"]}) for rows in dumped(directory).values()]
+    assert any(0 < n <= 3 for n in failing_groups), failing_groups
+
+
+def test_v1_validation_keeps_the_rewards_extra_info(runs):
+    """S4: verl's v1 validation reads reward extra info from extra_fields; the headline metric is there."""
+    for mode in ("both", "baseline"):
+        _, result = runs["v1", mode]
+        assert [s for s, _ in result.series("val-core/verl_async_rm/letter_case/acc/mean@1")][:1] == [0]
 
 
 def rise(result) -> tuple[float, float]:
@@ -169,17 +352,18 @@ def rise(result) -> tuple[float, float]:
     return float(np.mean(scores[:4])), float(np.mean(scores[-4:]))
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "off_policy", "both"])
+@pytest.mark.parametrize("mode", ["pipeline", "both"])
 def test_each_strategy_learns_like_the_baseline(runs, mode):
     """16 steps, one seed: the baseline's toy reward rises; each strategy's rises at least half as
-    much. (Over 3 seeds x 3 latency regimes, bench/e2e.py measures the strategy - baseline gap.)"""
+    much (``both``: two steps ahead, with failures). Over 3 seeds x 4 latency regimes, bench/e2e.py
+    measures the strategy - baseline gap of every strategy, off-policy alone included."""
     base_first, base_last = rise(runs["v0", "baseline"][1])
     first, last = rise(runs["v0", mode][1])
     assert base_last - base_first > 0.05, (base_first, base_last)
     assert last - first > 0.5 * (base_last - base_first), (mode, first, last, base_first, base_last)
 
 
-@pytest.mark.parametrize("run", [("v0", "off_policy"), ("v1", "both")], ids="-".join)
+@pytest.mark.parametrize("run", [("v0", "gae"), ("v1", "both")], ids="-".join)
 def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, assets, run):
     """The off-policy run saved while the next batch was already generated and scored; resuming
     there must train exactly the uninterrupted run's remaining batches: none lost, none repeated."""

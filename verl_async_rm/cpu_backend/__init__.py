@@ -47,6 +47,7 @@ def activate() -> None:
     _register_platform()
     _register_rollout()
     _patch_value_head_loader()
+    _patch_offload_policy_pinning()
     # verl picks the training engine by (device, vendor); the FSDP engines are registered for
     # "cuda" only, and are plain torch, so they run on CPU once selected (verl's own override).
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
@@ -140,6 +141,32 @@ def _patch_value_head_loader() -> None:
         module.load_valuehead_model = load_valuehead_model
 
     after_import("verl.utils.model", patch)
+
+
+def _patch_offload_policy_pinning() -> None:
+    """PATCH verl.workers.engine.fsdp.transformer_impl.CPUOffloadPolicy (runtime, not on disk), once
+    that module is imported.
+
+    Why: verl builds every forward-only FSDP2 engine (the reference policy) with
+    ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator, so a reference
+    model (KL in the reward or the loss) cannot load on CPU. On CPU the parameters already live in
+    host memory: the same policy without pinning. The engine module imported the name at its top,
+    so the module global is what it calls.
+    """
+    from verl_async_rm.integration.import_hooks import after_import
+
+    def patch(module) -> None:
+        original = getattr(module, "CPUOffloadPolicy", None)
+        if original is None or getattr(original, "_verl_async_rm_cpu", False):
+            return
+
+        def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class
+            return original(pin_memory=False, **kwargs)
+
+        CPUOffloadPolicy._verl_async_rm_cpu = True
+        module.CPUOffloadPolicy = CPUOffloadPolicy
+
+    after_import("verl.workers.engine.fsdp.transformer_impl", patch)
 
 
 def _register_rollout() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV
-from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME
+from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 
@@ -56,6 +56,9 @@ class CPURunConfig:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     reward_manager: Optional[str] = None  # reward.reward_manager.name (e.g. "naive", "async_agent")
     weight_sync: bool = True  # False: negative control, rollout keeps its initial weights
+    # verl's rollout.full_determinism: every sample drawn from its own seeded generator, so two runs
+    # of the same config generate the same responses (rollout.py); off by default, as in verl.
+    deterministic: bool = False
     extra_overrides: list[str] = field(default_factory=list)  # appended last, so they win
     entry_module: str = DEFAULT_ENTRY  # e.g. "verl_async_rm.main_ppo"
     num_cpus: int = 8  # Ray logical CPUs (verl schedules several CPU actors; 2 real cores are fine)
@@ -75,6 +78,10 @@ class RunResult:
     metrics_path: str
     log_path: str
     overrides: list[str]
+    replica_log_path: str = ""  # the rollout servers' sleep/wake/weight-update transitions (JSONL)
+
+    def replica_events(self) -> list[dict]:
+        return read_metrics(self.replica_log_path) if self.replica_log_path else []
 
     @property
     def ok(self) -> bool:
@@ -119,7 +126,7 @@ def _hydra_value(value: Any) -> str:
     raise TypeError(f"cannot express {value!r} as a hydra override")
 
 
-def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None) -> list[str]:
+def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replica_log: Optional[str] = None) -> list[str]:
     """Hydra overrides for verl's ppo_trainer config that make the real trainer run on CPU."""
     if cfg.trainer not in ("v0", "v1"):
         raise ValueError(f"trainer must be 'v0' or 'v1', got {cfg.trainer!r}")
@@ -194,6 +201,10 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None) -> lis
     if ray_tmp_dir:
         ov.append(f"+ray_kwargs.ray_init._temp_dir={ray_tmp_dir}")
         ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{TMP_DIR_ENV}={ray_tmp_dir}")
+    if replica_log:
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REPLICA_LOG_ENV}={replica_log}")
+    if cfg.deterministic:
+        ov.append("actor_rollout_ref.rollout.full_determinism=true")
     if not cfg.weight_sync:
         ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{NO_WEIGHT_SYNC_ENV}='1'")
     if cfg.reward_kwargs:
@@ -332,9 +343,10 @@ def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
     prepare_assets(cfg)
     os.makedirs(cfg.out_dir, exist_ok=True)
     metrics_path, log_path = _next_run_paths(cfg.out_dir)
+    replica_log = os.path.abspath(metrics_path.replace("metrics-", "replica-"))
     # Short path: Ray puts unix sockets under it (108-byte limit).
     ray_tmp_dir = tempfile.mkdtemp(prefix="vrc", dir="/tmp")
-    overrides = build_overrides(cfg, ray_tmp_dir=ray_tmp_dir)
+    overrides = build_overrides(cfg, ray_tmp_dir=ray_tmp_dir, replica_log=replica_log)
     cmd = [sys.executable, "-m", cfg.entry_module, *overrides]
     env = build_env(cfg, metrics_path, ray_tmp_dir)
 
@@ -404,4 +416,4 @@ def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
         print("".join(plugin_errors[:3] + lines[-40:]), file=sys.stderr)
     elif progress:
         print(f"[cpu-backend] done in {wall:.1f}s; metrics: {metrics_path}", file=sys.stderr)
-    return RunResult(rc, wall, read_metrics(metrics_path), metrics_path, log_path, overrides)
+    return RunResult(rc, wall, read_metrics(metrics_path), metrics_path, log_path, overrides, replica_log)

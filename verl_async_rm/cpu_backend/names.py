@@ -4,6 +4,8 @@ ROLLOUT_NAME = "hf_cpu"
 # Negative control for weight sync: when set, the adapter drops every update so the rollout keeps
 # its initial weights and rollout/trainer log-probs drift apart (training/rollout_probs_diff_*).
 NO_WEIGHT_SYNC_ENV = "VERL_ASYNC_RM_CPU_NO_WEIGHT_SYNC"
+# Path of a JSONL file the rollout server appends its sleep/wake/weight-update transitions to.
+REPLICA_LOG_ENV = "VERL_ASYNC_RM_CPU_REPLICA_LOG"
 ADAPTER_FQN = "verl_async_rm.cpu_backend.rollout.HFServerAdapter"
 
 

@@ -6,7 +6,13 @@ three pieces verl expects of a rollout backend:
 
 * ``HFCPUServer`` - the Ray actor the agent loop calls: ``generate(...) -> TokenOutput`` with the
   sampled ids, their log-probs and ``extra_fields["global_steps"]`` (the weight version), plus the
-  sleep/wake/abort/KV-cache/profile control calls, which are no-ops on CPU (nothing to free).
+  abort/profile control calls (no-ops on CPU). Sleep and wake free nothing on CPU but are kept as
+  state, as a GPU engine's memory would be: generating while asleep is an error, and every
+  transition is logged (``REPLICA_LOG_ENV``), so tests can see whether training ran beside awake
+  replicas.
+* Determinism: with verl's ``rollout.full_determinism`` the agent loops name requests
+  ``det-{row}``; such a request is sampled alone, from a generator seeded by (seed, weight version,
+  request id, its occurrence), so a run reproduces whatever order requests arrive in.
 * ``HFCPUReplica`` - ``RolloutReplica.launch_servers()`` starting that actor (one per replica).
 * ``HFServerAdapter`` - the ``BaseRollout`` living in the trainer worker. The ``naive`` checkpoint
   engine hands it the actor's full tensors; it ships them as a CPU state dict to the server.
@@ -17,8 +23,11 @@ No HTTP/OpenAI endpoint is served: ``server_address`` is only a unique id for ve
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
+import time
 from typing import Any, Optional
 
 import ray
@@ -27,7 +36,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME, server_actor_name
+from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +166,35 @@ class HFCPUServer:
         self.weight_updates = 0
         self._lock = asyncio.Lock()
         self._warned_keys: set[str] = set()
-        self._queue: list[tuple[tuple, list[int], int, asyncio.Future]] = []
+        # (batch key, prompt ids, max tokens, answer, own generator or None)
+        self._queue: list[tuple[tuple, list[int], int, asyncio.Future, Optional[torch.Generator]]] = []
         self._drainer: Optional[asyncio.Task] = None
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.seed = int(config.seed)
+        self.awake = {"weights", "kv_cache"}  # a fresh engine holds both
+        self.sleeps_since_update = 0
+        self._occurrences: dict[tuple, int] = {}
+        self._log_path = os.environ.get(REPLICA_LOG_ENV) or None
+
+    def _log(self, event: str, **fields) -> None:
+        if self._log_path is None:
+            return
+        entry = {"event": event, "time": time.time(), "replica": self.replica_rank, "global_steps": self.global_steps,
+                 "awake": sorted(self.awake), **fields}
+        with open(self._log_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _request_generator(self, request_id: str, key: tuple) -> Optional[torch.Generator]:
+        """verl's deterministic request ids (``det-{row}``): a generator of their own, seeded by
+        the weight version, the id and how often this id was sampled with these parameters at this
+        version (off-policy generates twice per version; multi-turn loops reuse the id per turn)."""
+        if not str(request_id).startswith("det-"):
+            return None
+        slot = (self.global_steps, str(request_id), key)
+        occurrence = self._occurrences.get(slot, 0)
+        self._occurrences[slot] = occurrence + 1
+        digest = hashlib.sha256(f"{self.seed}|{slot}|{occurrence}".encode()).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") & ((1 << 63) - 1))
 
     # -- generation ---------------------------------------------------------------------------------
     def _max_tokens(self, prompt_len: int, sampling_params: dict) -> int:
@@ -194,9 +229,18 @@ class HFCPUServer:
         for key in set(params) - known - self._warned_keys:
             self._warned_keys.add(key)
             logger.warning("hf_cpu rollout ignores sampling param %r", key)
+        if self.awake != {"weights", "kv_cache"}:
+            self._log("generate_while_asleep", request_id=str(request_id))
+            raise RuntimeError(
+                f"hf_cpu replica {self.replica_rank} got a generate call while asleep (awake: {sorted(self.awake)}); "
+                "a GPU engine would have freed its weights or KV cache"
+            )
         key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
+        own = self._request_generator(request_id, key)
+        # A deterministic request is batched alone: its own generator, and no padding from others.
+        batch_key = (key, request_id) if own is not None else key
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((key, [int(t) for t in prompt_ids], self._max_tokens(len(prompt_ids), params), future))
+        self._queue.append((batch_key, [int(t) for t in prompt_ids], self._max_tokens(len(prompt_ids), params), future, own))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         ids, lps, finish, version = await future
@@ -212,10 +256,12 @@ class HFCPUServer:
         while self._queue:
             await asyncio.sleep(self.BATCH_WINDOW_S)
             key = self._queue[0][0]
-            limit = max(1, int(self.config.max_num_seqs))
+            deterministic = self._queue[0][4] is not None
+            limit = 1 if deterministic else max(1, int(self.config.max_num_seqs))
             batch = [item for item in self._queue if item[0] == key][:limit]
             self._queue = [item for item in self._queue if not any(item is b for b in batch)]
-            temperature, top_p, top_k = key
+            temperature, top_p, top_k = key[0] if deterministic else key
+            generator = batch[0][4] if deterministic else self.generator
             try:
                 async with self._lock:
                     version = self.global_steps
@@ -229,7 +275,7 @@ class HFCPUServer:
                         top_k=top_k,
                         eos_ids=self.eos_ids,
                         ignore_eos=bool(self.config.ignore_eos),
-                        generator=self.generator,
+                        generator=generator,
                         pad_id=self.pad_id,
                     )
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
@@ -256,29 +302,41 @@ class HFCPUServer:
             if global_steps is not None:
                 self.global_steps = global_steps
             self.weight_updates += 1
+            # requested: the trainer's global step (None: a re-sync, e.g. v1 validation's wake-up)
+            self._log("update_weights", sleeps_since_update=self.sleeps_since_update, requested=global_steps)
+            self.sleeps_since_update = 0
             return len(state_dict)
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
+        self._log("update_weights", sleeps_since_update=self.sleeps_since_update, requested=global_steps, synced=False)
+        self.sleeps_since_update = 0
 
     async def get_state(self) -> dict[str, Any]:
-        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates}
+        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates, "awake": sorted(self.awake)}
 
-    # -- control plane: nothing to free or pause on CPU ---------------------------------------------
+    # -- control plane: sleep/wake as state (nothing to free on CPU) --------------------------------
     async def wake_up(self, tags: Optional[list[str]] = None) -> None:
-        return None
+        woken = set(tags or ("weights", "kv_cache"))
+        self.awake |= woken
+        self._log("wake_up", tags=sorted(woken))
 
     async def sleep(self) -> None:
-        return None
+        if not self.config.free_cache_engine:  # as verl's vLLM server: nothing is freed, nothing sleeps
+            return
+        await self.wait_for_requests_to_drain()
+        self.awake.clear()
+        self.sleeps_since_update += 1
+        self._log("sleep")
 
     async def clear_kv_cache(self) -> None:
         return None  # the KV cache lives per request
 
     async def release_kv_cache(self) -> None:
-        return None
+        self.awake.discard("kv_cache")
 
     async def resume_kv_cache(self) -> None:
-        return None
+        self.awake.add("kv_cache")
 
     async def wait_for_requests_to_drain(self) -> None:
         while self._queue or self._lock.locked():
@@ -361,10 +419,13 @@ class HFServerAdapter(BaseRollout):
         return self._server
 
     async def resume(self, tags: list[str]):
-        return None  # weights and KV cache never leave host memory
+        """As verl's vLLM adapter: wake the server's weights or KV cache (state only on CPU)."""
+        if self.config.free_cache_engine and self.is_leader_rank:
+            await self._server_handle().wake_up.remote(tags=tags)
 
     async def release(self):
-        return None
+        if self.config.free_cache_engine and self.is_leader_rank:
+            await self._server_handle().sleep.remote()
 
     @torch.no_grad()
     async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):

@@ -9,6 +9,7 @@ Registered in both of verl 0.9's registries, like verl's own ``limited.py``:
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -19,11 +20,13 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm.integration.client import AgentClient
 from verl_async_rm.integration.register import register_where_loaded
-from verl_async_rm.integration.decode import decode_requests, group_size_of, valid_response_lengths
+from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
+from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
 
 NAME = "async_agent"
+_log = logging.getLogger(__name__)
 
 
 class AsyncAgentRewardManager(RewardManagerBase):
@@ -46,28 +49,33 @@ class AsyncAgentRewardManager(RewardManagerBase):
             self.settings = type(self.settings)(**{**self.settings.__dict__, "reward_fn_key": reward_fn_key})
         check_spec(self.settings.reward)  # a bad path/name fails here, at start, in this process
         self.client = AgentClient(self.settings)
+        self._warned_unstamped = False
 
     # -- reward loop: one sample per call ---------------------------------------------------------
     async def run_single(self, data: DataProto) -> dict:
         data = data[-1:]  # multi-sequence outputs: the reward is computed on the last sequence, as naive does
         request = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)[0]
         uid = request.pop("uid")
-        score, extra = await self.client.score_in_group(request, uid, self.settings.group_size, self.settings.group_wait)
-        return {"reward_score": score, "reward_extra_info": self._fixed_keys(score, extra)}
+        size, wait = self._group_of(data)
+        score, extra = await self.client.score_in_group(request, uid, size, wait)
+        return {"reward_score": score, "reward_extra_info": fixed_extra_info(score, extra, self.settings.extra_keys)}
 
-    def _fixed_keys(self, score: float, extra: dict) -> dict:
-        """verl stacks per-sample extra info by the FIRST sample's keys, so every sample must carry
-        the same keys, success or failure: ``acc`` (as naive), the failure flags, and the declared
-        ``extra_keys`` (None where a sample has none)."""
-        failed = extra.get("reward_failed", 0)
-        fixed = {
-            "acc": None if failed else extra.get("acc", score),
-            "reward_failed": failed,
-            "reward_failure": extra.get("reward_failure") or "",
-        }
-        for key in self.settings.extra_keys:
-            fixed[key] = extra.get(key)
-        return fixed
+    def _group_of(self, data: DataProto) -> tuple[int, float | None]:
+        """(group size, stall timeout): the size stamped by our agent-loop manager (exact: the group
+        is answered when its last member is scored; the timeout only ends a group a failed session
+        left short), else the configured size and ``group_wait``."""
+        stamp = data.non_tensor_batch.get(GROUP_SIZE_KEY)
+        if stamp is not None:
+            return int(stamp[-1]), self.settings.group_timeout
+        if not self._warned_unstamped:
+            self._warned_unstamped = True
+            _log.warning(
+                "async_agent: samples carry no group size (the agent-loop manager is not %s's); groups of "
+                "%d close after %ss without a new member. Run through verl_async_rm.main_ppo, or set "
+                "actor_rollout_ref.rollout.agent.agent_loop_manager_class, for exact groups without a wait",
+                __package__, self.settings.group_size, self.settings.group_wait,
+            )
+        return self.settings.group_size, self.settings.group_wait
 
     # -- legacy: the whole batch at once ---------------------------------------------------------
     def __call__(self, data: DataProto, return_dict: bool = False):

@@ -20,6 +20,9 @@ from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
 
 DEFAULT_REWARD = "verl.utils.reward_score:default_compute_score"
 DEFAULT_GROUP_WAIT = 10.0
+# With a group-size signal (integration/group_sizes.py) a group closes when complete; this only ends
+# one that a failed rollout session left short (v1), so nobody waits forever.
+DEFAULT_GROUP_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,8 @@ class AsyncAgentSettings:
     agent: AgentConfig
     reward: RewardSpec
     group_size: int  # samples per uid in training (default: actor_rollout_ref.rollout.n)
-    group_wait: float | None  # per-sample path: a group that stops growing this long is resolved as is
+    group_wait: float | None  # per-sample path, no size signal: a group that stops growing this long is resolved as is
+    group_timeout: float | None  # per-sample path with the size signal: the same, for a group left short
     actor_name: str  # the named Ray actor every reward worker shares
     extra_keys: tuple[str, ...]  # user extra-info keys passed through on the per-sample path
     reward_fn_key: str  # the data field holding the data source (verl's data.reward_fn_key)
@@ -48,12 +52,14 @@ def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
     if group_size is None:
         group_size = _select(config, "actor_rollout_ref.rollout.n", 1)
     group_wait = block.pop("group_wait", DEFAULT_GROUP_WAIT)
+    group_timeout = block.pop("group_timeout", DEFAULT_GROUP_TIMEOUT)
     actor_name = block.pop("actor_name", None) or DEFAULT_ACTOR_NAME
     extra_keys = tuple(block.pop("extra_keys", None) or ())
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"reward.async_agent.group_size must be a positive integer, got {group_size!r}")
-    if group_wait is not None and not (isinstance(group_wait, (int, float)) and group_wait > 0):
-        raise ValueError(f"reward.async_agent.group_wait must be a positive number of seconds or null, got {group_wait!r}")
+    for name, value in (("group_wait", group_wait), ("group_timeout", group_timeout)):
+        if value is not None and (isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0)):
+            raise ValueError(f"reward.async_agent.{name} must be a positive number of seconds or null, got {value!r}")
     try:
         agent = AgentConfig.from_mapping(block)
     except ValueError as exc:
@@ -70,6 +76,7 @@ def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
         reward=reward,
         group_size=group_size,
         group_wait=float(group_wait) if group_wait is not None else None,
+        group_timeout=float(group_timeout) if group_timeout is not None else None,
         actor_name=str(actor_name),
         extra_keys=extra_keys,
         reward_fn_key=_select(config, "data.reward_fn_key", "data_source"),

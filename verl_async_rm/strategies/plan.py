@@ -1,24 +1,59 @@
-"""Strategy settings and their validation against the trainer's shape. Pure: no verl, no I/O."""
+"""Strategy settings, their checks against the rest of verl's config, and the shape of a step's
+updates. Pure: no verl import, no I/O. Every refusal here is made at start (``main_ppo.prepare``,
+and again in each trainer's constructor for runs through verl's own entry point), before a worker
+is built.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
-# Advantages computed within a GRPO group: a mini-batch of whole groups gives exactly the baseline's.
-GROUP_EXACT = frozenset({"grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "grpo_passk"})
-# Group-based, then normalized over the batch they are given: under the pipeline that is the
-# mini-batch, so the normalization statistics are the mini-batch's (documented difference).
-MINI_BATCH_NORMALIZED = frozenset({"reinforce_plus_plus_baseline", "gpg", "gae"})
-# Need the whole batch (batch-wide baselines or an extra generation pass): refused with the pipeline.
-WHOLE_BATCH = frozenset({"reinforce_plus_plus", "remax", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"})
 MAX_OFF_POLICY_STEPS = 4
+MINI_BATCH_ORDERS = ("completion", "index")
+
+# Advantage estimators of verl 0.9.1 (trainer/ppo/core_algos.py), by what they read of the batch.
+# Per group only (statistics over the samples of one uid): a mini-batch of whole groups gives
+# exactly the baseline's advantages.
+GROUP_EXACT = frozenset(
+    {
+        "grpo",  # group mean/std
+        "grpo_vectorized",
+        "rloo",  # leave-one-out mean within the group
+        "rloo_vectorized",
+        "opo",  # length-weighted group baseline
+        "grpo_passk",  # within-group max
+        "optimal_token_baseline",  # per-prompt-group, per-timestep baseline
+        "tir_optimal_token_baseline",
+    }
+)
+# A statistic over the batch they are given (masked_whiten of the advantages or returns, or GPG's
+# alpha = batch size / nonzero scores). Under the pipeline that batch is a mini-batch of whole
+# groups: allowed, and listed in the README's differences from stock verl.
+BATCH_STATISTIC = frozenset(
+    {
+        "gae",  # masked_whiten(advantages)
+        "reinforce_plus_plus",  # masked_whiten(returns)
+        "reinforce_plus_plus_baseline",  # group mean, then masked_whiten
+        "gdpo",  # per-dimension group normalisation, then masked_whiten
+        "gpg",  # alpha = bsz / count_nonzero(scores)
+    }
+)
+# Needs a second, greedy generation per prompt that the strategies' generation does not run.
+EXTRA_GENERATION = frozenset({"remax"})
+# Reward managers whose semantics the agent reproduces: naive's compute_score per sample
+# (``acc`` = the score when the reward returns a number), and our own.
+AGENT_REWARD_MANAGERS = frozenset({"naive", "async_agent"})
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
     mini_batch_pipeline: bool = False
     off_policy_steps: int = 0  # 0: on-policy; k: train on batch t while batches t+1..t+k are generated/scored
+    # Which groups make a mini-batch: "completion" (the first scored, the fastest) or "index" (verl's
+    # own mini-batches, rows in batch order: exact, but a mini-batch waits for its slowest group).
+    mini_batch_order: str = "completion"
 
     @property
     def enabled(self) -> bool:
@@ -35,7 +70,7 @@ def _flag(value: Any, name: str) -> bool:
 
 def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
     """Read the flags, accepting the recipe's spellings: ``mini_batch_pipeline`` and the older
-    ``update_pipeline`` (they must not disagree), and ``off_policy_steps``."""
+    ``update_pipeline`` (they must not disagree), ``off_policy_steps`` and ``mini_batch_order``."""
     pipeline = _flag(values.get("mini_batch_pipeline"), "mini_batch_pipeline")
     legacy = values.get("update_pipeline")
     if legacy is not None:
@@ -50,42 +85,220 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
             f"off_policy_steps must be an integer in [0, {MAX_OFF_POLICY_STEPS}], got {steps!r} "
             "(each step of lag keeps one more generated batch in memory and trains on older samples)"
         )
-    return StrategyConfig(pipeline, steps)
+    order = values.get("mini_batch_order") or "completion"
+    if order not in MINI_BATCH_ORDERS:
+        raise ValueError(f"mini_batch_order must be one of {MINI_BATCH_ORDERS}, got {order!r}")
+    return StrategyConfig(pipeline, steps, order)
+
+
+# -- the rest of verl's config, as the checks need it ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainerShape:
+    """The values of verl's config the strategies depend on (read by ``shape_from_config``)."""
+
+    use_v1: bool = True
+    trainer_mode: str = "sync"
+    train_batch_size: int = 8
+    rollout_n: int = 1
+    ppo_mini_batch_size: int = 8
+    ppo_epochs: int = 1
+    use_critic: bool = False
+    critic_mini_batch_size: int = 8
+    critic_epochs: int = 1
+    adv_estimator: str = "grpo"
+    use_pf_ppo: bool = False
+    rollout_is_batch_normalize: bool = False
+    reward_manager: str = "naive"
+    reward_model_enabled: bool = False
+    filter_groups: bool = False
+
+
+def _select(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        getter = getattr(node, "get", None)
+        node = getter(part) if getter is not None else getattr(node, part, None)
+    return default if node is None else node
+
+
+def _estimator_name(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def needs_critic(adv_estimator: str, critic_enable: Any) -> bool:
+    """verl 0.9.1's ``need_critic``: ``critic.enable`` if set, else GAE."""
+    return bool(critic_enable) if critic_enable is not None else adv_estimator == "gae"
+
+
+def shape_from_config(config: Any) -> TrainerShape:
+    estimator = _estimator_name(_select(config, "algorithm.adv_estimator", "grpo"))
+    use_critic = needs_critic(estimator, _select(config, "critic.enable"))
+    actor_epochs = int(_select(config, "actor_rollout_ref.actor.ppo_epochs", 1))
+    return TrainerShape(
+        use_v1=bool(_select(config, "trainer.use_v1", True)),
+        trainer_mode=str(_select(config, "trainer.v1.trainer_mode", "sync")),
+        train_batch_size=int(_select(config, "data.train_batch_size", 1)),
+        rollout_n=int(_select(config, "actor_rollout_ref.rollout.n", 1)),
+        ppo_mini_batch_size=int(_select(config, "actor_rollout_ref.actor.ppo_mini_batch_size", 1)),
+        ppo_epochs=actor_epochs,
+        use_critic=use_critic,
+        critic_mini_batch_size=int(_select(config, "critic.ppo_mini_batch_size", 1) or 1),
+        critic_epochs=int(_select(config, "critic.ppo_epochs", actor_epochs) or actor_epochs),
+        adv_estimator=estimator,
+        use_pf_ppo=bool(_select(config, "algorithm.use_pf_ppo", False)),
+        rollout_is_batch_normalize=bool(_select(config, "algorithm.rollout_correction.rollout_is_batch_normalize", False)),
+        reward_manager=str(_select(config, "reward.reward_manager.name", "naive")),
+        reward_model_enabled=bool(_select(config, "reward.reward_model.enable", False)),
+        filter_groups=bool(_select(config, "algorithm.filter_groups.enable", False)),
+    )
+
+
+V1_MODE = "async_reward"
+
+
+def check_strategy(strategy: StrategyConfig, shape: TrainerShape) -> None:
+    """Every combination the strategies cannot run as verl would: one clear error, at start."""
+    if not strategy.enabled:
+        return
+    if shape.reward_manager not in AGENT_REWARD_MANAGERS:
+        raise ValueError(
+            f"reward.reward_manager.name={shape.reward_manager}: with the strategies on, every reward is scored by "
+            f"the async agent, which reproduces only {sorted(AGENT_REWARD_MANAGERS)} (a per-sample compute_score). "
+            f"{shape.reward_manager}'s own behaviour (e.g. dapo's overlong penalty) would be silently lost: "
+            "fold it into your reward function, or turn the strategies off"
+        )
+    if shape.reward_model_enabled:
+        raise ValueError(
+            "reward.reward_model.enable=true: the strategies score through the async agent, not verl's reward "
+            "model; call the model from your reward function (e.g. an OpenAI-compatible judge), or turn them off"
+        )
+    if shape.adv_estimator in EXTRA_GENERATION:
+        raise ValueError(
+            f"algorithm.adv_estimator={shape.adv_estimator} needs a second, greedy generation per prompt that the "
+            "strategies' generation does not run; use another estimator or turn the strategies off"
+        )
+    if shape.use_v1:
+        if strategy.off_policy_steps > 1:
+            raise ValueError(
+                f"off_policy_steps={strategy.off_policy_steps}: the v1 trainer mode prefetches one batch at most "
+                "(verl's sync replay buffer orders batches by step); use 1, or the v0 trainer (trainer.use_v1=False)"
+            )
+        if shape.trainer_mode not in ("sync", V1_MODE):
+            raise ValueError(
+                f"the strategies are their own v1 trainer mode ({V1_MODE}); trainer.v1.trainer_mode={shape.trainer_mode} conflicts"
+            )
+        if shape.filter_groups:
+            raise ValueError(
+                "algorithm.filter_groups (DAPO dynamic sampling) filters groups by reward inside verl's replay buffer, "
+                "before the strategies have scored them; turn one of them off"
+            )
+    if strategy.mini_batch_pipeline:
+        plan_mini_batches(strategy, shape)
+
+
+# -- a step's updates ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class MiniBatchPlan:
-    samples_per_mini_batch: int
-    mini_batches: int
+    samples_per_mini_batch: int  # actor mini-batch, in samples (ppo_mini_batch_size x n)
+    mini_batches: int  # per step (1 without the pipeline: the whole batch at once)
+    critic_every: int = 1  # actor mini-batches per critic update call (whole critic mini-batches)
+    actor_epochs: int = 1
+    critic_epochs: int = 1
 
 
-def plan_mini_batches(
-    strategy: StrategyConfig,
-    *,
-    train_batch_size: int,
-    ppo_mini_batch_size: int,
-    rollout_n: int,
-    adv_estimator: str,
-    use_critic: bool,
-) -> MiniBatchPlan:
+def plan_mini_batches(strategy: StrategyConfig, shape: TrainerShape) -> MiniBatchPlan:
     """How a step's batch is cut into updates; clear errors for shapes the pipeline cannot run."""
-    if ppo_mini_batch_size <= 0 or train_batch_size % ppo_mini_batch_size:
-        raise ValueError(
-            f"ppo_mini_batch_size ({ppo_mini_batch_size}) must divide data.train_batch_size ({train_batch_size})"
-        )
+    train, mini = shape.train_batch_size, shape.ppo_mini_batch_size
+    if mini <= 0 or train % mini:
+        raise ValueError(f"ppo_mini_batch_size ({mini}) must divide data.train_batch_size ({train})")
+    epochs = dict(actor_epochs=max(1, shape.ppo_epochs), critic_epochs=max(1, shape.critic_epochs))
     if not strategy.mini_batch_pipeline:
-        return MiniBatchPlan(train_batch_size * rollout_n, 1)
-    estimator = str(getattr(adv_estimator, "value", adv_estimator))
-    if estimator in WHOLE_BATCH:
-        raise ValueError(
-            f"mini_batch_pipeline cannot run algorithm.adv_estimator={estimator}: it needs the whole batch "
-            f"at once; use one of {sorted(GROUP_EXACT | MINI_BATCH_NORMALIZED)} or turn the pipeline off"
-        )
-    if estimator not in GROUP_EXACT | MINI_BATCH_NORMALIZED:
+        return MiniBatchPlan(train * shape.rollout_n, 1, 1, **epochs)
+    estimator = shape.adv_estimator
+    if estimator not in GROUP_EXACT | BATCH_STATISTIC:
         raise ValueError(
             f"mini_batch_pipeline does not know whether adv_estimator={estimator!r} works on mini-batches of "
-            f"whole groups; supported: {sorted(GROUP_EXACT | MINI_BATCH_NORMALIZED)}"
+            f"whole groups; supported: {sorted(GROUP_EXACT | BATCH_STATISTIC)}"
         )
-    if estimator == "gae" and not use_critic:
+    if estimator == "gae" and not shape.use_critic:
         raise ValueError("adv_estimator=gae needs a critic")
-    return MiniBatchPlan(ppo_mini_batch_size * rollout_n, train_batch_size // ppo_mini_batch_size)
+    if shape.use_pf_ppo:
+        raise ValueError(
+            "algorithm.use_pf_ppo resamples the whole batch by reward before the update; mini_batch_pipeline "
+            "updates before the batch is scored: turn one of them off"
+        )
+    if shape.rollout_is_batch_normalize:
+        raise ValueError(
+            "algorithm.rollout_correction.rollout_is_batch_normalize normalises the IS weights over the whole batch; "
+            "under mini_batch_pipeline each mini-batch's weights would be normalised on their own: turn one of them off"
+        )
+    critic_every = 1
+    if shape.use_critic:
+        critic = shape.critic_mini_batch_size
+        if critic <= 0 or train % critic:
+            raise ValueError(f"critic.ppo_mini_batch_size ({critic}) must divide data.train_batch_size ({train})")
+        # The critic trains on whole critic mini-batches: it waits for enough actor mini-batches.
+        critic_every = math.lcm(mini, critic) // mini
+    return MiniBatchPlan(mini * shape.rollout_n, train // mini, critic_every, **epochs)
+
+
+@dataclass(frozen=True)
+class UpdateCall:
+    """One call to a worker's update within a step. ``pieces`` names the actor mini-batches it
+    trains on (``None``: the whole batch, in verl's order)."""
+
+    role: str  # "actor" or "critic"
+    pieces: Optional[tuple[int, ...]]
+    epochs: int
+    step_lr: bool  # the LR scheduler steps once per training step: on the role's last call only
+    load: bool  # move parameters/optimizer to the device on entry (offload enabled): first call
+    offload: bool  # and back on exit: last call
+
+
+@dataclass(frozen=True)
+class UpdateSchedule:
+    calls: tuple[UpdateCall, ...] = field(default_factory=tuple)
+
+    def after_piece(self, piece: int) -> list[UpdateCall]:
+        """Calls that can run once actor mini-batch ``piece`` (0-based) has its advantages."""
+        return [c for c in self.calls if c.pieces is not None and c.pieces[-1] == piece]
+
+    def later_epochs(self) -> list[UpdateCall]:
+        return [c for c in self.calls if c.pieces is None]
+
+
+def schedule_updates(plan: MiniBatchPlan, *, use_critic: bool, update_actor: bool) -> UpdateSchedule:
+    """Epoch 1 runs mini-batch by mini-batch as rewards arrive (the critic every ``critic_every``
+    actor mini-batches); epochs 2..E run as verl runs them, over the whole batch in one call."""
+    calls: list[UpdateCall] = []
+    roles = (["critic"] if use_critic else []) + (["actor"] if update_actor else [])
+    per_role: dict[str, list[tuple[Optional[tuple[int, ...]], int]]] = {}
+    for role in roles:
+        every = plan.critic_every if role == "critic" else 1
+        epochs = plan.critic_epochs if role == "critic" else plan.actor_epochs
+        role_calls: list[tuple[Optional[tuple[int, ...]], int]] = []
+        if plan.mini_batches == 1:
+            role_calls.append(((0,), epochs))  # no pipeline: verl's one call, every epoch
+        else:
+            for end in range(every - 1, plan.mini_batches, every):
+                role_calls.append((tuple(range(end - every + 1, end + 1)), 1))
+            if epochs > 1:
+                role_calls.append((None, epochs - 1))
+        per_role[role] = role_calls
+    # Call order: by the piece that unlocks them, critic before actor (as verl), later epochs last.
+    ordered: list[tuple[tuple[int, int, int], str, int, int]] = []
+    for role, role_calls in per_role.items():
+        for position, (pieces, _) in enumerate(role_calls):
+            key = (plan.mini_batches if pieces is None else pieces[-1], roles.index(role), position)
+            ordered.append((key, role, position, len(role_calls)))
+    for _, role, position, count in sorted(ordered):
+        pieces, epochs = per_role[role][position]
+        first, last = position == 0, position == count - 1
+        calls.append(UpdateCall(role, pieces, epochs, step_lr=last, load=first, offload=last))
+    return UpdateSchedule(tuple(calls))

@@ -1,31 +1,99 @@
-"""A generated batch's rewards as one agent ticket: submit the moment generation ends, take whole
-groups back (all, or a mini-batch's worth) as verl's token-level reward tensors."""
+"""A generated batch's rewards as agent tickets: submitted the moment generation ends, taken back as
+whole groups (all, a mini-batch's worth, or group by group) with a fixed set of extra-info keys.
+
+A request is one scored response; it may stand for several rows of the batch (v1: every output of a
+multi-output session gets the score of the session's final output, as verl does). The agent's
+tickets need every uid to have the same number of samples, so a batch with groups of several sizes
+(v1: failed sessions, per-prompt ``__rollout_n__``) is submitted as one ticket per size.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
-import torch
 
 from verl_async_rm.integration.client import AgentClient
-from verl_async_rm.integration.decode import decode_requests, group_size_of, valid_response_lengths
+from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
 from verl_async_rm.integration.settings import settings_from_verl_config
-from verl_async_rm.outcome import ScoredChunk
 from verl_async_rm.strategies.timing import RewardTiming
 
 
 @dataclass
-class PendingRewards:
+class _Ticket:
     ticket: int
-    samples: int
+    requests: list[int]  # the ticket's sample i is request requests[i]
     group_size: int
+    remaining: int
+
+
+@dataclass
+class PendingRewards:
+    tickets: list[_Ticket]
+    rows_of: list[tuple]  # request -> the batch rows (v0: positions; v1: TransferQueue keys) it scores
+    group_of: list[Hashable]  # request -> its group
     timing: RewardTiming
     latencies: list[float] = field(default_factory=list)
     failed: int = 0
-    keys: Optional[list] = None  # v1: request i of the ticket is the TransferQueue key keys[i]
+
+    @property
+    def samples(self) -> int:
+        return len(self.rows_of)
+
+    @property
+    def regular(self) -> bool:
+        """One ticket, one row per request: mini-batches of whole groups have a fixed size."""
+        return len(self.tickets) <= 1 and all(len(rows) == 1 for rows in self.rows_of)
+
+    @property
+    def group_size(self) -> int:
+        return self.tickets[0].group_size if self.tickets else 1
+
+    @property
+    def remaining(self) -> int:
+        return sum(t.remaining for t in self.tickets)
+
+
+@dataclass
+class ScoredRows:
+    """Scores of whole groups, expanded to rows: ``rows[i]`` (of group ``row_groups[i]``) gets
+    ``scores[i]`` and the i-th value of every ``extra_info`` column."""
+
+    rows: list
+    scores: list[float]
+    extra_info: dict[str, list]
+    row_groups: list[Hashable]
+
+    @classmethod
+    def empty(cls, keys: Sequence[str]) -> ScoredRows:
+        return cls([], [], {key: [] for key in keys}, [])
+
+    @property
+    def groups(self) -> list[Hashable]:
+        """The groups these rows complete, in the order they came."""
+        return list(dict.fromkeys(self.row_groups))
+
+    def extend(self, other: ScoredRows) -> None:
+        self.rows += other.rows
+        self.scores += other.scores
+        self.row_groups += other.row_groups
+        for key, values in other.extra_info.items():
+            self.extra_info[key] += values
+
+    def split(self, groups: set) -> tuple[ScoredRows, ScoredRows]:
+        """(the rows of ``groups``, the rest)."""
+        taken, rest = ScoredRows.empty(self.extra_info), ScoredRows.empty(self.extra_info)
+        for i, row in enumerate(self.rows):
+            target = taken if self.row_groups[i] in groups else rest
+            target.rows.append(row)
+            target.scores.append(self.scores[i])
+            target.row_groups.append(self.row_groups[i])
+            for key in target.extra_info:
+                target.extra_info[key].append(self.extra_info[key][i])
+        return taken, rest
 
 
 class BatchRewards:
@@ -33,37 +101,62 @@ class BatchRewards:
         self.settings = settings_from_verl_config(config)
         self.client = AgentClient(self.settings)
         self.tokenizer = tokenizer
+        self.extra_keys = tuple(self.settings.extra_keys)
 
-    def submit(self, batch, keys: Optional[list] = None) -> PendingRewards:
-        requests = decode_requests(batch, self.tokenizer, self.settings.reward_fn_key)
-        group_size = group_size_of(requests)
+    @property
+    def fixed_keys(self) -> tuple[str, ...]:
+        return (*FIXED_EXTRA_KEYS, *self.extra_keys)
+
+    def submit(self, requests: list[dict], rows_of: Optional[Sequence[tuple]] = None) -> PendingRewards:
+        """``requests`` as ``decode_requests`` builds them (``index`` = position in the list);
+        ``rows_of[i]``: the rows request i scores (default: row i)."""
+        rows_of = [tuple(r) for r in rows_of] if rows_of is not None else [(i,) for i in range(len(requests))]
+        group_of = [r["uid"] if r["uid"] is not None else ("sample", i) for i, r in enumerate(requests)]
+        counts = Counter(group_of)
+        by_size: dict[int, list[int]] = {}
+        for i, group in enumerate(group_of):
+            by_size.setdefault(counts[group], []).append(i)
         submitted_at = time.monotonic()
-        ticket = self.client.submit(requests, group_size)
-        return PendingRewards(ticket, len(requests), group_size, RewardTiming(submitted_at), keys=keys)
+        tickets = []
+        for size, members in sorted(by_size.items()):
+            batch = [{**requests[i], "index": local} for local, i in enumerate(members)]
+            tickets.append(_Ticket(self.client.submit(batch, size), members, size, len(members)))
+        return PendingRewards(tickets, list(rows_of), group_of, RewardTiming(submitted_at))
 
-    def take(self, pending: PendingRewards, n: int | None = None) -> ScoredChunk:
+    def take(self, pending: PendingRewards, n: Optional[int] = None) -> ScoredRows:
+        """Whole groups totalling ``n`` requests in completion order (one ticket only), or everything
+        left (``n`` None), blocking until they are scored."""
+        if n is not None and len(pending.tickets) != 1:
+            raise ValueError("taking part of a batch needs a batch of one group size")
+        out = ScoredRows.empty(self.fixed_keys)
+        for ticket in pending.tickets:
+            if ticket.remaining:
+                out.extend(self._take(pending, ticket, n))
+        return out
+
+    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int]) -> ScoredRows:
         start = time.monotonic()
-        chunk = self.client.take(pending.ticket, n)
+        chunk = self.client.take(ticket.ticket, n)
         pending.timing.blocked += time.monotonic() - start
         pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
         pending.latencies += [x for x in chunk.latencies if x is not None]
-        pending.failed += int(sum(chunk.extra_info.get("reward_failed", [])))
-        return chunk
+        ticket.remaining -= len(chunk.indices)
+        extra = fixed_extra_columns(chunk.scores, chunk.extra_info, self.extra_keys)
+        pending.failed += int(sum(extra["reward_failed"]))
+        out = ScoredRows.empty(self.fixed_keys)
+        for position, local in enumerate(chunk.indices):
+            request = ticket.requests[local]
+            for row in pending.rows_of[request]:
+                out.rows.append(row)
+                out.scores.append(chunk.scores[position])
+                out.row_groups.append(pending.group_of[request])
+                for key in out.extra_info:
+                    out.extra_info[key].append(extra[key][position])
+        return out
 
     def cancel(self, pending: PendingRewards) -> int:
         """A batch that will never be trained on (generated past the last step): stop its calls."""
-        return self.client.cancel(pending.ticket)
-
-
-def attach_rewards(batch, chunk: ScoredChunk) -> None:
-    """Put the chunk's scores on the last valid response token (``token_level_scores``) of ``batch``,
-    whose rows are the chunk's samples in the chunk's order, and its extra info beside them."""
-    lengths = valid_response_lengths(batch)
-    scores = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
-    rows = torch.arange(len(chunk.indices))
-    scores[rows, lengths - 1] = torch.as_tensor(chunk.scores, dtype=torch.float32)
-    batch.batch["token_level_scores"] = scores
-    attach_extra_info(batch, chunk.extra_info)
+        return sum(self.client.cancel(t.ticket) for t in pending.tickets if t.remaining)
 
 
 def object_array(values) -> np.ndarray:
@@ -74,7 +167,11 @@ def object_array(values) -> np.ndarray:
     return array
 
 
-def attach_extra_info(batch, extra_info: dict[str, list]) -> None:
-    """Per-sample extra info beside the batch's rows, as verl keeps reward extra info."""
-    for key, values in extra_info.items():
-        batch.non_tensor_batch[key] = object_array(values)
+def reorder(scored: ScoredRows, order: Sequence[Any]) -> tuple[list[float], dict[str, list]]:
+    """Scores and extra info of ``scored`` in the row order ``order`` (every row scored)."""
+    where = {row: i for i, row in enumerate(scored.rows)}
+    missing = [row for row in order if row not in where]
+    if missing:
+        raise KeyError(f"rows without a score: {missing[:5]}")
+    positions = [where[row] for row in order]
+    return [scored.scores[p] for p in positions], {k: [v[p] for p in positions] for k, v in scored.extra_info.items()}

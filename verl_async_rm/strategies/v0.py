@@ -1,24 +1,25 @@
 """The strategies on verl's v0 trainer (``trainer.use_v1=False``, ``RayPPOTrainer``).
 
-``AsyncRewardRayPPOTrainer.fit`` is verl's loop reorganised around one idea: a generated batch's
-rewards are an agent ticket submitted the moment generation ends, and the trainer takes them only
-when it needs them:
-- with ``off_policy_steps = k``, the next k batches are generated (and submitted) before the current
-  one is trained on, so their reward latency overlaps this step's compute;
-- with ``mini_batch_pipeline``, old/ref log-probs and values are computed for the whole batch while
-  its rewards are in flight, then each mini-batch of whole finished groups is scored, gets its
-  advantages and updates critic and actor at once.
-Both off, the stock trainer runs unchanged. verl's profiling hooks are not reproduced here.
+``fit`` is verl 0.9.1's ``RayPPOTrainer.fit`` with its step body replaced: the loop around it
+(checkpoint load, validation, profiling, metrics, logging, ``on_batch_end``, the end of training) is
+verl's, call for call; ``tests/test_seam_v0_loop.py`` compares the two functions' calls so the copy
+cannot drift silently. The step body is the shared ``StepScheduler``:
+- with ``off_policy_steps = k``, the next k batches are generated (and their rewards submitted)
+  before the current one is trained on, all with the current weights;
+- the replicas sleep once per step, after generation, whether or not this step generated (the last
+  k steps do not), so training never runs beside awake replicas;
+- with ``mini_batch_pipeline``, old/ref log-probs, values and rollout correction are computed for
+  the whole batch while its rewards are in flight, then each mini-batch of whole, scored groups gets
+  its advantages and updates critic and actor at once.
+Both off, the stock trainer runs unchanged.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass
 from pprint import pprint
-from typing import Any, Iterator
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -33,27 +34,33 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     compute_variance_proxy_metrics,
 )
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer, apply_kl_penalty, compute_advantage, compute_response_mask
+from verl.trainer.ppo.ray_trainer import (
+    AdvantageEstimator,
+    RayPPOTrainer,
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+    compute_spec_decode_metrics,
+)
 from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
+from verl_async_rm.integration.decode import decode_requests, valid_response_lengths
+from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
-from verl_async_rm.strategies.plan import plan_mini_batches, strategy_from_mapping
-from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, attach_rewards
-from verl_async_rm.strategies.timing import latency_metrics
-from verl_async_rm.strategies.workers import STEP_LR_KEY
-
-
-@dataclass
-class GeneratedBatch:
-    batch: DataProto
-    rewards: PendingRewards
-    epoch: int
-    loader_state: dict  # the dataloader's state before this batch was drawn: resuming there regenerates it
-    weights_step: int  # the global step whose weights generated it (staleness = trainer step - 1 - this)
-
+from verl_async_rm.strategies.kl import DeferredKL
+from verl_async_rm.strategies.plan import (
+    UpdateCall,
+    check_strategy,
+    plan_mini_batches,
+    shape_from_config,
+    strategy_from_mapping,
+)
+from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
+from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
+from verl_async_rm.strategies.workers import update_flags
 
 def images_seqlens(batch: DataProto) -> list:
     """verl's per-batch list of image sequence lengths (empty for text-only batches)."""
@@ -64,41 +71,116 @@ def images_seqlens(batch: DataProto) -> list:
     return lengths
 
 
-def merge_metric_lists(into: dict[str, list], metrics: dict[str, Any]) -> None:
-    """Concatenate per-mini-batch metric lists from K update calls, so reducing them gives what one
-    call over the whole batch would have reported."""
-    for key, value in metrics.items():
-        into.setdefault(key, []).extend(value if isinstance(value, list) else [value])
+class V0Ops:
+    """verl's v0 step functions on ``DataProto`` rows (positions in the balanced batch)."""
+
+    def __init__(self, trainer: "AsyncRewardRayPPOTrainer", expected_rows: int):
+        self.trainer = trainer
+        self.expected_rows = expected_rows
+        self.correction: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None  # (response_mask, IS weights)
+
+    def rows(self, batch: DataProto) -> list:
+        return list(range(len(batch)))
+
+    def pipelineable(self, batch: DataProto, pending: PendingRewards) -> bool:
+        return pending.regular and len(batch) == self.expected_rows
+
+    def attach(self, batch: DataProto, scored: ScoredRows) -> None:
+        """Scores on each row's last valid response token (``token_level_scores``), extra info
+        beside the rows, in one fixed set of columns for the whole batch."""
+        if "token_level_scores" not in batch.batch.keys():
+            batch.batch["token_level_scores"] = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
+            for key in scored.extra_info:
+                batch.non_tensor_batch[key] = object_array([None] * len(batch))
+        if not scored.rows:
+            return
+        rows = torch.as_tensor(scored.rows, dtype=torch.long)
+        lengths = valid_response_lengths(batch)[rows]
+        batch.batch["token_level_scores"][rows, lengths - 1] = torch.as_tensor(scored.scores, dtype=torch.float32)
+        for key, values in scored.extra_info.items():
+            batch.non_tensor_batch[key][scored.rows] = object_array(values)
+
+    def advantages(self, batch: DataProto, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
+        """KL-in-reward, rollout correction and advantages for whole groups, as verl's loop does them."""
+        trainer, algorithm = self.trainer, self.trainer.config.algorithm
+        if rows is not None and not rows:
+            return {}  # every group of this mini-batch got its advantages with an earlier one
+        target = batch if rows is None else batch.select_idxs(rows)
+        if algorithm.use_kl_in_reward:
+            target, _ = apply_kl_penalty(target, kl_ctrl=kl, kl_penalty=algorithm.kl_penalty)  # metrics: kl.flush()
+        else:
+            target.batch["token_level_rewards"] = target.batch["token_level_scores"]
+        if self.correction is not None:  # computed on the whole batch (policy_inputs); applied after KL, as verl
+            mask, weights = self.correction
+            index = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+            target.batch["response_mask"] = mask[index]
+            if weights is not None:
+                target.batch["rollout_is_weights"] = weights[index]
+        target = compute_advantage(
+            target,
+            adv_estimator=algorithm.adv_estimator,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            num_repeat=trainer.config.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=algorithm.get("norm_adv_by_std_in_grpo", True),
+            config=algorithm,
+        )
+        if rows is not None:
+            index = torch.as_tensor(rows, dtype=torch.long)
+            for key in ("advantages", "returns", "token_level_rewards", "response_mask", "rollout_is_weights"):
+                if key in target.batch.keys():
+                    if key not in batch.batch.keys():
+                        batch.batch[key] = torch.zeros_like(target.batch[key][:1]).expand(len(batch), *target.batch[key].shape[1:]).clone()
+                    batch.batch[key][index] = target.batch[key]
+        return {}
+
+    def update(self, batch: DataProto, call: UpdateCall, rows: Optional[list]) -> dict:
+        if rows is None:
+            piece = batch
+        else:
+            piece = batch.select_idxs(rows)
+            # select_idxs shares meta_info: the slice gets its own, with per-slice values
+            piece.meta_info = {
+                **batch.meta_info,
+                "global_token_num": [batch.meta_info["global_token_num"][i] for i in rows],
+                "images_seqlens": images_seqlens(piece),
+            }
+        flags = update_flags(call)
+        piece.meta_info.update(flags)
+        try:
+            output = self.trainer._update_critic(piece) if call.role == "critic" else self.trainer._update_actor(piece)
+        finally:
+            for key in flags:
+                piece.meta_info.pop(key, None)
+        return output.meta_info["metrics"]
 
 
 class AsyncRewardRayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.strategy = strategy_from_mapping(self.config)
-        actor = self.config.actor_rollout_ref.actor
-        self.plan = plan_mini_batches(
-            self.strategy,
-            train_batch_size=self.config.data.train_batch_size,
-            ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            rollout_n=self.config.actor_rollout_ref.rollout.n,
-            adv_estimator=self.config.algorithm.adv_estimator,
-            use_critic=self.use_critic,
-        )
-        if self.strategy.enabled and str(self.config.algorithm.adv_estimator) in ("remax", "AdvantageEstimator.REMAX"):
-            raise ValueError("the async reward strategies do not support adv_estimator=remax (it needs an extra greedy rollout)")
+        shape = shape_from_config(self.config)
+        check_strategy(self.strategy, shape)  # also reached through verl's own entry point
+        self.plan = plan_mini_batches(self.strategy, shape)
         self.rewards: BatchRewards | None = None
+        self.scheduler: StepScheduler | None = None
+        self._resume_loader_state = None
 
     def init_workers(self):
         super().init_workers()
         if self.strategy.enabled:
             self.rewards = BatchRewards(self.config, self.tokenizer)
+            self.scheduler = StepScheduler(
+                self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
+                reduce_lists=reduce_metrics, timer=marked_timer,
+            )
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _save_checkpoint(self):
-        with loader_state_reported_as(self.train_dataloader, getattr(self, "_resume_loader_state", None)):
+        with loader_state_reported_as(self.train_dataloader, self._resume_loader_state):
             return super()._save_checkpoint()
 
-    # -- the loop ---------------------------------------------------------------------------------
+    # -- the loop: verl's fit, with the step body from the scheduler ------------------------------
     def fit(self):
         if not self.strategy.enabled:
             return super().fit()
@@ -118,6 +200,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
 
         if self.config.trainer.get("val_before_train", True):
             val_metrics = self._validate()
+            assert val_metrics, f"{val_metrics=}"
             pprint(f"Initial validation metrics: {val_metrics}")
             logger.log(data=val_metrics, step=self.global_steps)
             if self.config.trainer.get("val_only", False):
@@ -126,74 +209,111 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
 
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
         self.global_steps += 1
-        SkipManager.set_step(self.global_steps)
-        self.max_steps_duration = 0
-        draws = self._draw_batches(current_epoch)
-        ahead: deque[GeneratedBatch] = deque()
         last_val_metrics = None
+        self.max_steps_duration = 0
+        SkipManager.set_step(self.global_steps)
+        profiler = self.config.global_profiler
+        prev_step_profile = False
+        curr_step_profile = self.global_steps in profiler.steps if profiler.steps is not None else False
+        draws = drawn_batches(self.train_dataloader, current_epoch, self.config.trainer.total_epochs)
+        lookahead = Lookahead(self.strategy.off_policy_steps)
 
         while self.global_steps <= self.total_training_steps:
+            if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=False)
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
+            with marked_timer("start_profile", timing_raw):
+                self._start_profiling(
+                    not prev_step_profile and curr_step_profile if profiler.profile_continuous_steps else curr_step_profile
+                )
             is_last_step = self.global_steps >= self.total_training_steps
             with marked_timer("step", timing_raw):
-                self._generate_ahead(ahead, draws, timing_raw)
-                if not ahead:
+                with marked_timer("gen", timing_raw, color="red"):
+                    lookahead.top_up(self.global_steps, self.total_training_steps,
+                                     lambda: self._generate(draws, timing_raw, curr_step_profile))
+                    # Once per step, generated or not: the last k steps generate nothing, and their
+                    # replicas, woken by the previous step's weight update, must not train beside us.
+                    self.checkpoint_manager.sleep_replicas()
+                current = lookahead.pop()
+                if current is None:
                     break  # the data ran out before total_training_steps
-                current = ahead.popleft()
-                self._resume_loader_state = ahead[0].loader_state if ahead else None
-                batch = self._train_on(current, metrics, timing_raw, is_last_step)
+                self._resume_loader_state = lookahead.resume_state()
+                batch = self._train_step(current, metrics, timing_raw, is_last_step)
 
             if self.config.trainer.test_freq > 0 and (is_last_step or self.global_steps % self.config.trainer.test_freq == 0):
                 with marked_timer("testing", timing_raw, color="green"):
-                    val_metrics = self._validate()
+                    val_metrics: dict = self._validate()
                     if is_last_step:
                         last_val_metrics = val_metrics
                 metrics.update(val_metrics)
 
+            with marked_timer("stop_profile", timing_raw):
+                next_step_profile = self.global_steps + 1 in profiler.steps if profiler.steps is not None else False
+                run_finish_command = bool(
+                    curr_step_profile and profiler.steps and (self.global_steps == max(profiler.steps) or is_last_step)
+                )
+                self._stop_profiling(
+                    curr_step_profile and not next_step_profile if profiler.profile_continuous_steps else curr_step_profile,
+                    run_command=run_finish_command,
+                )
+                prev_step_profile = curr_step_profile
+                curr_step_profile = next_step_profile
+
             self.max_steps_duration = max(self.max_steps_duration, timing_raw["step"])
             metrics.update({"training/global_step": self.global_steps, "training/epoch": current.epoch})
             metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
+            metrics.update(self._gdpo_metrics(batch))
             metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
             n_gpus = self.resource_pool_manager.get_n_gpus()
             metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=n_gpus))
-            metrics.update(compute_variance_proxy_metrics(batch=batch, gradient_norm=metrics.get("actor/grad_norm")))
+            metrics.update(compute_variance_proxy_metrics(batch=batch, gradient_norm=metrics.get("actor/grad_norm", None)))
+            metrics.update(
+                compute_spec_decode_metrics(
+                    batch.non_tensor_batch.get("spec_num_draft_tokens", None),
+                    batch.non_tensor_batch.get("spec_num_accepted_tokens", None),
+                    batch.non_tensor_batch.get("spec_num_verify_steps", None),
+                )
+            )
             logger.log(data=metrics, step=self.global_steps)
             progress_bar.update(1)
             self.global_steps += 1
             SkipManager.set_step(self.global_steps)
+
             if is_last_step:
-                break
-        self._abandon(ahead)
+                if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
+                    self.actor_rollout_wg.async_calls_finalize_fn_exec(blocking=True)
+                lookahead.abandon(self.rewards)
+                self._shutdown_dump_executor()
+                pprint(f"Final validation metrics: {last_val_metrics}")
+                progress_bar.close()
+                return
+            if hasattr(self.train_dataset, "on_batch_end"):
+                self.train_dataset.on_batch_end(batch=batch)  # the dataset may change after each batch
+
+        lookahead.abandon(self.rewards)
         self._shutdown_dump_executor()
-        pprint(f"Final validation metrics: {last_val_metrics}")
-        progress_bar.close()
 
-    def _draw_batches(self, first_epoch: int) -> Iterator[tuple[int, dict, dict]]:
-        for epoch in range(first_epoch, self.config.trainer.total_epochs):
-            iterator = iter(self.train_dataloader)
-            while True:
-                state = self.train_dataloader.state_dict()  # before the draw: see strategies/checkpoint.py
-                try:
-                    batch_dict = next(iterator)
-                except StopIteration:
-                    break
-                yield epoch, batch_dict, state
+    def _gdpo_metrics(self, batch: DataProto) -> dict:
+        """verl's per-component reward metrics for GDPO."""
+        metrics = {}
+        keys = self.config.algorithm.get("gdpo_reward_keys", None)
+        if keys and self.config.algorithm.adv_estimator in ("gdpo", AdvantageEstimator.GDPO):
+            for key in keys:
+                if key in batch.non_tensor_batch:
+                    values = np.asarray(batch.non_tensor_batch[key], dtype=np.float32)
+                    metrics[f"gdpo/{key}/mean"] = float(np.mean(values))
+                    metrics[f"gdpo/{key}/std"] = float(np.std(values))
+                    metrics[f"gdpo/{key}/max"] = float(np.max(values))
+                    metrics[f"gdpo/{key}/min"] = float(np.min(values))
+        return metrics
 
-    def _generate_ahead(self, ahead: deque, draws: Iterator, timing_raw: dict) -> None:
-        """Keep ``off_policy_steps`` batches generated beyond the one trained now (never past the
-        last step), all with the current weights; the replicas sleep once, after the last one."""
-        generated = False
-        while len(ahead) <= self.strategy.off_policy_steps and self.global_steps + len(ahead) <= self.total_training_steps:
-            drawn = next(draws, None)
-            if drawn is None:
-                break
-            ahead.append(self._generate(*drawn, timing_raw))
-            generated = True
-        if generated:
-            self.checkpoint_manager.sleep_replicas()
-
-    def _generate(self, epoch: int, batch_dict: dict, loader_state: dict, timing_raw: dict) -> GeneratedBatch:
+    # -- generation -------------------------------------------------------------------------------
+    def _generate(self, draws, timing_raw: dict, profile: bool) -> Optional[GeneratedBatch]:
+        drawn = next(draws, None)
+        if drawn is None:
+            return None
+        epoch, batch_dict, loader_state = drawn
         batch = DataProto.from_single_dict(batch_dict)
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch.batch))], dtype=object)
@@ -201,78 +321,49 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         gen_batch.meta_info["global_steps"] = self.global_steps
         rollout_n = self.config.actor_rollout_ref.rollout.n
         gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
-        with marked_timer("gen", timing_raw, color="red"):
-            output = self.async_rollout_manager.generate_sequences(gen_batch)
-            timing_raw.update(output.meta_info.pop("timing", {}))
+        if profile:
+            self.llm_server_manager.start_profile()
+        output = self.async_rollout_manager.generate_sequences(gen_batch)
+        if profile:
+            self.llm_server_manager.stop_profile()
+        timing_raw.update(output.meta_info.pop("timing", {}))
+        tool_fields = output.meta_info.pop(TOOL_FIELDS_KEY, [])
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(output)
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
-        metrics: dict = {}
         if self.config.trainer.balance_batch:
-            self._balance_batch(batch, metrics=metrics)  # before submitting: indices refer to this order
+            self._balance_batch(batch, metrics={})  # before submitting: rows refer to this order
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
-            rewards = self.rewards.submit(batch)
+            requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
+            rewards = self.rewards.submit(requests)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
 
-    def _abandon(self, ahead: deque) -> None:
-        """Batches generated but never trained on (the loop ended early): stop scoring them."""
-        while ahead:
-            self.rewards.cancel(ahead.popleft().rewards)
-
     # -- one step ---------------------------------------------------------------------------------
-    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
+    def _train_step(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
         batch = current.batch
-        self._compute_policy_inputs(batch, metrics, timing_raw)
-        actor_metrics: dict[str, list] = {}
-        critic_metrics: dict[str, list] = {}
+        ops = V0Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
+        self._compute_policy_inputs(batch, ops, metrics, timing_raw)
         update_actor = self.config.trainer.critic_warmup <= self.global_steps
-        parts = []
-        for part in range(self.plan.mini_batches):
-            with marked_timer("reward_wait", timing_raw, color="yellow"):
-                chunk = self.rewards.take(current.rewards, self.plan.samples_per_mini_batch)
-            piece = batch if self.plan.mini_batches == 1 else batch[chunk.indices]
-            if piece is not batch:  # select_idxs shares meta_info: give the slice its own, per-slice values
-                piece.meta_info = {
-                    **batch.meta_info,
-                    "global_token_num": [batch.meta_info["global_token_num"][i] for i in chunk.indices],
-                    "images_seqlens": images_seqlens(piece),
-                }
-            attach_rewards(piece, chunk)
-            piece = self._advantages(piece, metrics, timing_raw)
-            last = part == self.plan.mini_batches - 1
-            piece.meta_info[STEP_LR_KEY] = last  # the LR scheduler steps once per training step
-            if self.use_critic:
-                with marked_timer("update_critic", timing_raw, color="pink"):
-                    merge_metric_lists(critic_metrics, self._update_critic(piece).meta_info["metrics"])
-            if update_actor:
-                with marked_timer("update_actor", timing_raw, color="red"):
-                    merge_metric_lists(actor_metrics, self._update_actor(piece).meta_info["metrics"])
-            piece.meta_info.pop(STEP_LR_KEY)
-            parts.append(piece)
-        if len(parts) > 1:
-            token_nums = [n for part in parts for n in part.meta_info.pop("global_token_num")]
-            for part in parts:
-                part.meta_info.pop("images_seqlens")
-            batch = DataProto.concat(parts)
-            batch.meta_info["global_token_num"] = token_nums  # per sample, in the concatenated order
-            batch.meta_info["images_seqlens"] = images_seqlens(batch)
-        metrics.update(reduce_metrics(critic_metrics))
-        metrics.update(reduce_metrics(actor_metrics))
+        kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
+        metrics.update(self.scheduler.train(ops, batch, current.rewards, update_actor=update_actor,
+                                            timing_raw=timing_raw, kl_controller=kl_controller))
         self._save_and_sync(update_actor, is_last_step, timing_raw)
-        metrics.update(self._reward_metrics(current))
+        metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        metrics["async_reward/wall_clock"] = time.time()
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:
-            extra = {k: list(batch.non_tensor_batch[k]) for k in ("uid", "reward_failed") if k in batch.non_tensor_batch}
-            self._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)
+            extra = {key: batch.non_tensor_batch[key] for key in self.rewards.fixed_keys}
+            self._log_rollout_data(batch, {"uid": batch.non_tensor_batch["uid"], **extra}, timing_raw, rollout_data_dir)
         return batch
 
-    def _compute_policy_inputs(self, batch: DataProto, metrics: dict, timing_raw: dict) -> None:
-        """Old log-probs (pi_old, the same for every mini-batch), reference log-probs and values,
-        for the whole batch, while its rewards are in flight. As verl's loop does."""
+    def _compute_policy_inputs(self, batch: DataProto, ops: V0Ops, metrics: dict, timing_raw: dict) -> None:
+        """Old log-probs (pi_old, the same for every mini-batch), reference log-probs, values and
+        rollout correction, for the whole batch, while its rewards are in flight. As verl's loop."""
         rollout_corr = self.config.algorithm.get("rollout_correction", None)
-        if rollout_corr and rollout_corr.get("bypass_mode", False):
+        bypass = rollout_corr and rollout_corr.get("bypass_mode", False)
+        if bypass:
             from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
 
             apply_bypass_mode(batch=batch, rollout_corr_config=rollout_corr, policy_loss_config=self.config.actor_rollout_ref.actor.policy_loss)
@@ -286,6 +377,11 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
                 )
                 metrics.update({"actor/entropy": entropy.detach().item(), "perf/mfu/actor_infer": mfu})
                 old_log_prob.batch.pop("entropys")
+                if "routed_experts" in batch.batch and "routed_experts" in old_log_prob.batch:
+                    raise ValueError(
+                        "Detected conflicting router replay configuration: router_replay.mode='R2' and "
+                        "enable_rollout_routing_replay=True cannot be enabled simultaneously."
+                    )
                 batch.union(old_log_prob)
                 if "rollout_log_probs" in batch.batch.keys():
                     from verl.utils.debug.metrics import calculate_debug_metrics
@@ -297,30 +393,15 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         if self.use_critic:
             with marked_timer("values", timing_raw, color="cyan"):
                 batch.union(self._compute_values(batch))
+        if rollout_corr is not None and "rollout_log_probs" in batch.batch.keys() and not bypass:
+            # Reads only log-probs and the mask, never rewards: computed once for the whole batch (its
+            # statistics are the batch's), applied to each mini-batch after its KL penalty.
+            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
-    def _advantages(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
-        """KL-in-reward, rollout correction and advantages, as verl's loop does them."""
-        with marked_timer("adv", timing_raw, color="brown"):
-            if self.config.algorithm.use_kl_in_reward:
-                batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty)
-                metrics.update(kl_metrics)
-            else:
-                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            rollout_corr = self.config.algorithm.get("rollout_correction", None)
-            if rollout_corr is not None and "rollout_log_probs" in batch.batch and not rollout_corr.get("bypass_mode", False):
-                from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-
-                batch, is_metrics = compute_rollout_correction_and_add_to_batch(batch, rollout_corr)
-                metrics.update(is_metrics)
-            return compute_advantage(
-                batch,
-                adv_estimator=self.config.algorithm.adv_estimator,
-                gamma=self.config.algorithm.gamma,
-                lam=self.config.algorithm.lam,
-                num_repeat=self.config.actor_rollout_ref.rollout.n,
-                norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
-                config=self.config.algorithm,
-            )
+            probe = DataProto(batch=batch.batch.select("old_log_probs", "rollout_log_probs", "response_mask").clone())
+            probe, correction_metrics = compute_rollout_correction_and_add_to_batch(probe, rollout_corr)
+            ops.correction = (probe.batch["response_mask"], probe.batch.get("rollout_is_weights", None))
+            metrics.update(correction_metrics)
 
     def _save_and_sync(self, updated_actor: bool, is_last_step: bool, timing_raw: dict) -> None:
         if not updated_actor:  # critic warm-up: only wake the rollout replicas
@@ -331,18 +412,9 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         )
         save_freq = self.config.trainer.save_freq
         if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0 or esi_expiring):
+            if esi_expiring:
+                print("Force saving checkpoint: ESI instance expiration approaching.")
             with marked_timer("save_checkpoint", timing_raw, color="green"):
                 self._save_checkpoint()
         with marked_timer("update_weights", timing_raw, color="red"):
             self.checkpoint_manager.update_weights(self.global_steps)
-
-    def _reward_metrics(self, current: GeneratedBatch) -> dict:
-        rewards = current.rewards
-        return {
-            **rewards.timing.metrics(),
-            **latency_metrics(rewards.latencies),
-            "async_reward/staleness": self.global_steps - 1 - current.weights_step,
-            "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / rewards.group_size,
-            "async_reward/failed": rewards.failed,
-            "async_reward/wall_clock": time.time(),
-        }

@@ -1,11 +1,14 @@
 """The strategies on verl's v1 trainer, as a trainer mode: ``trainer.v1.trainer_mode=async_reward``.
 
-Same semantics as ``v0.py``, on v1's TransferQueue batches (``KVBatchMeta``): generation runs without
-in-loop rewards; the moment a batch is fully generated, its samples go to the agent as one ticket;
-old/ref log-probs and values are computed for the whole batch; then each mini-batch of whole, scored
-groups gets ``rm_scores`` written back to TransferQueue, its advantages and one critic/actor update
-(with ``mini_batch_pipeline``), or the whole batch at once (without). With ``off_policy_steps=1`` the
-next batch is generated and submitted before training on the current one.
+verl's own ``PPOTrainer.fit`` runs the loop; this mode's ``step`` runs the shared ``StepScheduler``
+on v1's TransferQueue batches (``KVBatchMeta``, rows are trajectory keys): generation runs without
+in-loop rewards; the moment a batch is sampled from the replay buffer its sessions go to the agent
+(one request per session, on the session's final output, as verl scores them; the score is copied
+to the session's other outputs); old/ref log-probs and values are computed for the whole batch;
+then each mini-batch of whole, scored groups gets ``rm_scores``, its advantages and its updates.
+A batch whose groups have several sizes (failed sessions, per-prompt ``__rollout_n__``) or several
+outputs per session is trained whole, exactly as verl trains it (``async_reward/pipelined`` = 0).
+With ``off_policy_steps=1`` the next batch is generated and submitted before training on this one.
 
 Underneath it keeps verl's "sync" mode semantics (replay buffer, batch sizes, checkpoints): other mode
 names change those, and "colocate_async" would sleep the replicas mid-step. See docs/v1-trainer-notes.md.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Optional
 
 import ray
 import torch
@@ -25,20 +29,31 @@ from transfer_queue import KVBatchMeta
 from verl import DataProto
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.trainer.ppo.v1.utils import MetricsAggregator
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+from verl_async_rm.integration.decode import decode_requests, sessions_of
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
-from verl_async_rm.strategies.plan import plan_mini_batches, strategy_from_mapping
-from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, object_array
-from verl_async_rm.strategies.timing import latency_metrics
+from verl_async_rm.strategies.kl import DeferredKL
+from verl_async_rm.strategies.plan import (
+    V1_MODE,
+    UpdateCall,
+    check_strategy,
+    plan_mini_batches,
+    shape_from_config,
+    strategy_from_mapping,
+)
+from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
+from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
-    STEP_LR_KEY,
     AsyncRewardActorRolloutRefWorker,
     AsyncRewardTrainingWorker,
+    update_flags,
 )
 
-MODE = "async_reward"
+MODE = V1_MODE
+CORRECTION_PREFIX = "rollout_corr/"
+KL_METRICS = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
 
 
 class _WithoutStreamingRewards:
@@ -55,9 +70,69 @@ class _WithoutStreamingRewards:
         return getattr(self._inner, name)
 
 
+def _padded_tensor(nested, pad) -> torch.Tensor:
+    return nested.to_padded_tensor(padding=pad)
+
+
+class V1Ops:
+    """verl's v1 step functions on ``KVBatchMeta`` rows (trajectory keys in the balanced order)."""
+
+    def __init__(self, trainer: "AsyncRewardTrainer", expected_rows: int):
+        self.trainer = trainer
+        self.expected_rows = expected_rows
+
+    def _piece(self, batch: KVBatchMeta, rows: Optional[list], extra: Optional[dict] = None) -> KVBatchMeta:
+        keys = batch.keys if rows is None else rows
+        tags = dict(zip(batch.keys, batch.tags))
+        return KVBatchMeta(partition_id=batch.partition_id, keys=list(keys), tags=[tags[k] for k in keys],
+                           extra_info={**batch.extra_info, **(extra or {})})
+
+    def rows(self, batch: KVBatchMeta) -> list:
+        return list(batch.keys)
+
+    def pipelineable(self, batch: KVBatchMeta, pending: PendingRewards) -> bool:
+        padding = any(tag.get("is_padding", False) for tag in batch.tags)
+        return pending.regular and not padding and len(batch) == self.expected_rows
+
+    def attach(self, batch: KVBatchMeta, scored: ScoredRows) -> None:
+        """``rm_scores``: each row's score on its last response token, as verl's agent loop puts it."""
+        self.trainer._put_scores(batch.partition_id, scored)
+
+    def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
+        trainer = self.trainer
+        metrics: dict = {}
+        if rows is not None and not rows:
+            return metrics  # every group of this mini-batch got its advantages with an earlier one
+        if kl is None:
+            trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
+        else:
+            controller, trainer.kl_ctrl_in_reward = trainer.kl_ctrl_in_reward, kl  # one beta per step; see kl.py
+            try:
+                trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
+            finally:
+                trainer.kl_ctrl_in_reward = controller
+        # whole-batch rollout-correction statistics come from policy_inputs, the KL ones from kl.flush
+        return {k: v for k, v in metrics.items() if not k.startswith(CORRECTION_PREFIX) and k not in KL_METRICS}
+
+    def update(self, batch: KVBatchMeta, call: UpdateCall, rows: Optional[list]) -> dict:
+        piece = self._piece(batch, rows, update_flags(call))
+        metrics: dict = {}
+        if call.role == "critic":
+            self.trainer._update_critic(piece, metrics=metrics)
+        else:
+            self.trainer._update_actor(piece, metrics=metrics)
+        return metrics
+
+
 class AsyncRewardTrainer(PPOTrainerSync):
     # -- verl plumbing ---------------------------------------------------------------------------
     def _build_replay_buffer(self):
+        # In verl's __init__, before any worker: refuse here what cannot run (verl's own entry point
+        # reaches this mode without our main_ppo's checks).
+        self.strategy = strategy_from_mapping(self.config)
+        shape = shape_from_config(self.config)
+        check_strategy(self.strategy, shape)
+        self.plan = plan_mini_batches(self.strategy, shape)
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -70,100 +145,92 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self.role_worker_mapping[Role.Critic] = ray.remote(AsyncRewardTrainingWorker)
 
     def on_init_end(self):
-        self.strategy = strategy_from_mapping(self.config)
-        actor = self.config.actor_rollout_ref.actor
-        self.plan = plan_mini_batches(
-            self.strategy, train_batch_size=self.config.data.train_batch_size,
-            ppo_mini_batch_size=actor.ppo_mini_batch_size, rollout_n=self.config.actor_rollout_ref.rollout.n,
-            adv_estimator=self.config.algorithm.adv_estimator, use_critic=self.use_critic,
-        )
         self.reward_loop_manager = _WithoutStreamingRewards(self.reward_loop_manager)
         self.rewards = BatchRewards(self.config, self.tokenizer)
-        self._prefetched: tuple[KVBatchMeta, PendingRewards, int] | None = None
-        self._loader_state_before_prefetch = None
+        self.scheduler = StepScheduler(self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
+                                       reduce_lists=reduce_metrics, timer=marked_timer)
+        self.lookahead = Lookahead(self.strategy.off_policy_steps)
         super().on_init_end()
 
     # -- rewards through the agent ---------------------------------------------------------------
-    def _as_dataproto(self, batch: KVBatchMeta) -> DataProto:
-        """The generated samples as the padded DataProto our decoder reads (as verl's own
-        ``_compute_reward_colocate`` rebuilds it)."""
-        key = self.rewards.settings.reward_fn_key
-        fields = ["prompts", "responses", "uid", "reward_model", "extra_info", key]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    def _submit(self, batch: KVBatchMeta) -> PendingRewards:
+        """One request per session (its final output), scoring every output of the session."""
+        real = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
+        sessions = sessions_of(real)
+        finals = [s.final_key for s in sessions]
+        data = tq.kv_batch_get(keys=finals, partition_id=batch.partition_id)  # every field: some are optional
         pad = self.tokenizer.pad_token_id
-        prompts, responses = data["prompts"].to_padded_tensor(padding=pad), data["responses"].to_padded_tensor(padding=pad)
+        prompts, responses = _padded_tensor(data["prompts"], pad), _padded_tensor(data["responses"], pad)
         mask = torch.cat(
             [self._lengths_to_mask(data["prompts"].offsets().diff(), prompts.size(1)),
              self._lengths_to_mask(data["responses"].offsets().diff(), responses.size(1))], dim=1,
         )
         non_tensor = {}
-        for name in fields[2:]:
+        for name in ("uid", "reward_model", "extra_info", self.rewards.settings.reward_fn_key, "reward_scores"):
             if name in data.keys():
-                non_tensor[name] = object_array(data[name])
-        tensors = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": mask}, batch_size=len(batch))
-        return DataProto(batch=tensors, non_tensor_batch=non_tensor)
+                non_tensor[name] = object_array(tu.get(data, name))
+        if "extra_fields" in data.keys():  # the agent loop's extra fields: naive's tool_extra_fields
+            non_tensor["tool_extra_fields"] = object_array(tu.get(data, "extra_fields"))
+        if "num_turns" in data.keys():
+            non_tensor["__num_turns__"] = object_array(tu.get(data, "num_turns"))
+        tensors = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": mask}, batch_size=len(finals))
+        requests = decode_requests(DataProto(batch=tensors, non_tensor_batch=non_tensor), self.tokenizer,
+                                   self.rewards.settings.reward_fn_key)
+        for request, session in zip(requests, sessions, strict=True):
+            request["uid"] = session.uid  # the group, whatever the dataset's uid column says
+        return self.rewards.submit(requests, rows_of=[s.keys for s in sessions])
 
-    def _submit(self, batch: KVBatchMeta) -> PendingRewards:
-        real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
-        view = KVBatchMeta(partition_id=batch.partition_id, keys=[batch.keys[i] for i in real], tags=[batch.tags[i] for i in real])
-        return self.rewards.submit(self._as_dataproto(view), keys=view.keys)
-
-    def _take(self, pending: PendingRewards, samples: int | None, partition_id: str) -> list[str]:
-        chunk = self.rewards.take(pending, samples)
-        keys = [pending.keys[i] for i in chunk.indices]
-        lengths = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["responses"])["responses"].offsets().diff()
+    def _put_scores(self, partition_id: str, scored: ScoredRows, with_extra_info: bool = False) -> None:
+        if not scored.rows:
+            return
+        lengths = tq.kv_batch_get(keys=scored.rows, partition_id=partition_id, select_fields=["responses"])["responses"].offsets().diff()
         rows = []
-        for length, score in zip(lengths.tolist(), chunk.scores):
+        for length, score in zip(lengths.tolist(), scored.scores):
             row = torch.zeros(length, dtype=torch.float32)
             if length:
                 row[-1] = score  # the score on the last response token, as verl's agent loop puts it
             rows.append(row)
-        scores = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=tu.get_tensordict({"rm_scores": scores}))
-        return keys
+        fields = {"rm_scores": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}
+        if with_extra_info:
+            # verl's v1 validation reads reward extra info only from extra_fields["reward_extra_info"]
+            current = tu.get(tq.kv_batch_get(keys=scored.rows, partition_id=partition_id, select_fields=["extra_fields"]), "extra_fields")
+            fields["extra_fields"] = [
+                {**(extra or {}), "reward_extra_info": {k: v[i] for k, v in scored.extra_info.items()}}
+                for i, extra in enumerate(current)
+            ]
+        tq.kv_batch_put(keys=scored.rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
         """Validation (and any whole-batch scoring): through the agent, waiting for every score."""
         pending = self._submit(batch)
-        self._take(pending, None, batch.partition_id)
+        self._put_scores(batch.partition_id, self.rewards.take(pending), with_extra_info=True)
         return batch
 
     # -- a step ----------------------------------------------------------------------------------
-    def _generate(self, metrics: dict) -> tuple[KVBatchMeta, PendingRewards, int]:
+    def _generate(self, metrics: dict) -> GeneratedBatch:
+        loader_state = self.train_dataloader.state_dict()  # before the draw: resuming there regenerates it
         self._add_batch_to_generate()
         batch, sample_metrics = self.replay_buffer.sample(
             global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
         )
         metrics.update(sample_metrics)
         batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        return batch, self._submit(batch), self.global_steps - 1
+        return GeneratedBatch(batch, self._submit(batch), epoch=0, loader_state=loader_state,
+                              weights_step=self.global_steps - 1)
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         with marked_timer("gen", timing_raw, color="red"):
             self.on_sample_begin()
-            if self._prefetched is None:  # first step, or the first after a resume
-                self._prefetched = self._generate(metrics)
-            (batch, pending, weights_step), self._prefetched = self._prefetched, None
-            self._loader_state_before_prefetch = None
-            if self.strategy.off_policy_steps and self.global_steps < self.total_training_steps:
-                self._loader_state_before_prefetch = self.train_dataloader.state_dict()
-                self._prefetched = self._generate({})  # with the current weights, before training on `batch`
+            self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
             self.on_sample_end()  # replicas sleep once, after the step's last generation
-        batch = self._train_on(batch, pending, metrics, timing_raw)
-        metrics.update(
-            {
-                **pending.timing.metrics(),
-                **latency_metrics(pending.latencies),
-                "async_reward/staleness": self.global_steps - 1 - weights_step,
-                "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / pending.group_size,
-                "async_reward/failed": pending.failed,
-                "async_reward/wall_clock": time.time(),
-            }
-        )
+        current = self.lookahead.pop()
+        batch = self._train_on(current, metrics, timing_raw)
+        metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        metrics["async_reward/wall_clock"] = time.time()
         return batch
 
-    def _train_on(self, batch: KVBatchMeta, pending: PendingRewards, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        batch = self._balance_batch(batch, metrics=metrics)
+    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        batch = self._balance_batch(current.batch, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._compute_old_log_prob(batch, metrics=metrics)
         if self.use_reference_policy:
@@ -172,36 +239,32 @@ class AsyncRewardTrainer(PPOTrainerSync):
         if self.use_critic:
             with marked_timer("values", timing_raw, color="cyan"):
                 batch = self._compute_values(batch, metrics=metrics)
-        tags = dict(zip(batch.keys, batch.tags))
-        padding = [k for k, tag in tags.items() if tag.get("is_padding", False)]
-        parts = self.plan.mini_batches
-        aggregator = MetricsAggregator()
-        update_actor = self.config.trainer.critic_warmup <= self.global_steps
-        for part in range(parts):
-            last = part == parts - 1
-            with marked_timer("reward_wait", timing_raw, color="yellow"):
-                keys = self._take(pending, None if last else self.plan.samples_per_mini_batch, batch.partition_id)
-            keys += padding if last else []  # padding rows ride with the last mini-batch
-            piece = KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=[tags[k] for k in keys],
-                                extra_info=dict(batch.extra_info))
-            piece_metrics: dict = {}
-            with marked_timer("adv", timing_raw, color="brown"):
-                self._compute_advantage(piece, metrics=piece_metrics)  # writes advantages to TransferQueue
-            piece.extra_info[STEP_LR_KEY] = last  # the LR scheduler steps once per training step
-            if self.use_critic:
-                with marked_timer("update_critic", timing_raw, color="pink"):
-                    self._update_critic(piece, metrics=piece_metrics)
-            if update_actor:
-                with marked_timer("update_actor", timing_raw, color="red"):
-                    self._update_actor(piece, metrics=piece_metrics)
-            aggregator.add_step_metrics(piece_metrics, sample_count=len(keys))
-        metrics.update(aggregator.get_aggregated_metrics())
+        metrics.update(self._correction_metrics(batch))
+        ops = V1Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
+        kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
+        metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
+                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps))
         return batch
+
+    def _correction_metrics(self, batch: KVBatchMeta) -> dict:
+        """Rollout-correction statistics of the whole batch (verl's, once; the per-mini-batch ones
+        are dropped). The weights and rejections themselves are per token/sequence, so each
+        mini-batch's equal the whole batch's (batch normalisation is refused at start)."""
+        correction = self.config.algorithm.get("rollout_correction", None)
+        if correction is None or correction.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            return {}
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        probe = DataProto(batch=data.to_padded_tensor())
+        _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
+        return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _save_checkpoint(self):
         """Saved with the dataloader position before the prefetched batch: resuming regenerates it."""
-        with loader_state_reported_as(self.train_dataloader, self._loader_state_before_prefetch):
+        with loader_state_reported_as(self.train_dataloader, self.lookahead.resume_state()):
             return super()._save_checkpoint()
 
 

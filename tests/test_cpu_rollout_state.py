@@ -1,0 +1,96 @@
+"""The CPU rollout server's sleep/wake state and its determinism, in process (no Ray): what lets the
+trainer tests see replicas left awake during training, and compare two runs on their parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_async_rm.cpu_backend.names import REPLICA_LOG_ENV
+from verl_async_rm.cpu_backend.rollout import HFCPUServer
+from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.quick
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(str(tmp_path_factory.mktemp("model")))
+
+
+def server(model_dir, free_cache_engine=True) -> HFCPUServer:
+    config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 6,
+                               "max_num_seqs": 64, "ignore_eos": True, "free_cache_engine": free_cache_engine})
+    return HFCPUServer(config, OmegaConf.create({"path": model_dir}))
+
+
+PROMPTS = [[1, 87, 85, 201], [1, 87, 85, 259, 201, 288], [1, 90, 91]]
+
+
+async def generate_all(srv: HFCPUServer, order: list[int], ids: list[str]) -> dict[str, list[int]]:
+    async def one(i):
+        await asyncio.sleep(random.random() * 0.01)  # arrival order and batching vary
+        out = await srv.generate(ids[i], PROMPTS[i % len(PROMPTS)], SAMPLING)
+        return ids[i], out.token_ids
+
+    return dict(await asyncio.gather(*(one(i) for i in order)))
+
+
+def test_deterministic_requests_reproduce_whatever_their_arrival_order(model_dir):
+    ids = [f"det-{i}" for i in range(8)]
+
+    async def run(order):
+        srv = server(model_dir)
+        await srv.set_global_steps(3)
+        first = await generate_all(srv, order, ids)
+        again = await generate_all(srv, order, ids)  # same ids, same weights: the next occurrence
+        return first, again
+
+    first, again = asyncio.run(run(list(range(8))))
+    first_shuffled, again_shuffled = asyncio.run(run(random.Random(1).sample(range(8), 8)))
+    assert first == first_shuffled and again == again_shuffled
+    assert first != again  # a repeated id (off-policy: two batches per weight version) samples anew
+    assert len({tuple(v) for v in first.values()}) > 1
+
+
+def test_sleep_and_wake_are_state_and_logged(model_dir, tmp_path, monkeypatch):
+    log = tmp_path / "replica.jsonl"
+    monkeypatch.setenv(REPLICA_LOG_ENV, str(log))
+
+    async def scenario():
+        srv = server(model_dir)
+        await srv.generate("a", PROMPTS[0], SAMPLING)  # a fresh engine is awake
+        await srv.sleep()
+        with pytest.raises(RuntimeError, match="while asleep"):
+            await srv.generate("b", PROMPTS[0], SAMPLING)
+        await srv.wake_up(tags=["weights"])
+        with pytest.raises(RuntimeError, match="while asleep"):  # weights back, KV cache still freed
+            await srv.generate("c", PROMPTS[0], SAMPLING)
+        state = dict(srv.model.state_dict())
+        await srv.update_weights(state, global_steps=1)
+        await srv.wake_up(tags=["kv_cache"])
+        await srv.generate("d", PROMPTS[0], SAMPLING)
+        await srv.update_weights(state, global_steps=2)  # no sleep in between: training beside awake replicas
+        return await srv.get_state()
+
+    assert asyncio.run(scenario())["awake"] == ["kv_cache", "weights"]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["event"] for e in events] == [
+        "sleep", "generate_while_asleep", "wake_up", "generate_while_asleep", "update_weights", "wake_up", "update_weights",
+    ]
+    assert [e["sleeps_since_update"] for e in events if e["event"] == "update_weights"] == [1, 0]
+
+
+def test_without_free_cache_engine_sleep_frees_nothing_as_in_verls_vllm_server(model_dir):
+    async def scenario():
+        srv = server(model_dir, free_cache_engine=False)
+        await srv.sleep()
+        await srv.generate("a", PROMPTS[0], SAMPLING)
+        return srv.sleeps_since_update
+
+    assert asyncio.run(scenario()) == 0

@@ -1,0 +1,37 @@
+"""The toy reward, for trainer tests that look where the seam's bugs live (loaded by path).
+
+- Fails, deterministically, on about one response in ten (``fails``): a non-retryable error, so the
+  agent's failure policy settles it and some mini-batches carry failures while others do not.
+- Reports whether it received what verl's naive manager hands a reward (``saw_inputs``): the
+  dataset's ``extra_info``, an agent-loop field (``max_global_steps``), ``num_turns`` and
+  ``rollout_reward_scores``.
+"""
+
+import hashlib
+
+from verl_async_rm.cpu_backend.toy_task import compute_score as toy_score
+
+NAIVE_KEYS = ("split", "max_global_steps", "num_turns", "rollout_reward_scores")
+
+
+def fails(solution_str: str) -> bool:
+    return hashlib.sha1(solution_str.encode()).digest()[0] < 26
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, fail=True, **kwargs):
+    if fail and fails(solution_str):
+        raise ValueError("injected failure")
+    extra_info = extra_info or {}
+    saw = all(key in extra_info for key in NAIVE_KEYS) and extra_info["max_global_steps"] is not None
+    return {"score": toy_score(data_source, solution_str, ground_truth), "saw_inputs": int(saw)}
+
+
+async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """For the scheduler's tests: the ground truth as the score, after ``extra_info["delay"]`` seconds
+    (so groups finish in a chosen order); ``extra_info["fail"]`` raises instead."""
+    import asyncio
+
+    await asyncio.sleep(extra_info.get("delay", 0.0))
+    if extra_info.get("fail"):
+        raise ValueError("injected failure")
+    return {"score": float(ground_truth), "verdict": "ok"}

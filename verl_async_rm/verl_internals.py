@@ -1,0 +1,179 @@
+"""Every verl 0.9.1 internal this package touches that is not a documented, stable API: private
+methods and attributes of verl's trainers and workers we call or override, module globals we patch
+or register into, helpers whose signature we rely on. One list, checked against the installed verl
+by ``tests/test_verl_internals.py`` (presence, and the parameters we pass or override), so a verl
+that moved one fails there, by name, not deep inside a Ray worker.
+
+Each entry: (module, dotted attribute, parameters the code relies on (present, in this order) or
+None, who relies on it).
+Light to import (no verl import): ``missing()`` does the checking.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Optional, Sequence
+
+V0_TRAINER = "verl.trainer.ppo.ray_trainer"
+V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
+
+INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
+    # -- v0 trainer: strategies/v0.py (fit's loop around our step body; the step's verl functions) --
+    (V0_TRAINER, "RayPPOTrainer.fit", ("self",), "v0.py overrides it"),
+    (V0_TRAINER, "RayPPOTrainer._validate", ("self", "merged"), "v0.py calls it"),
+    (V0_TRAINER, "RayPPOTrainer._load_checkpoint", ("self",), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._save_checkpoint", ("self",), "v0.py overrides it (loader state)"),
+    (V0_TRAINER, "RayPPOTrainer._get_gen_batch", ("self", "batch"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._balance_batch", ("self", "batch", "metrics", "logging_prefix", "keep_minibatch"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._compute_old_log_prob", ("self", "batch"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._compute_ref_log_prob", ("self", "batch"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._compute_values", ("self", "batch"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._update_actor", ("self", "batch"), "v0.py, once per update call"),
+    (V0_TRAINER, "RayPPOTrainer._update_critic", ("self", "batch"), "v0.py, once per update call"),
+    (V0_TRAINER, "RayPPOTrainer._log_rollout_data", ("self", "batch", "reward_extra_infos_dict", "timing_raw", "rollout_data_dir"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._init_dump_executor", ("self",), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._shutdown_dump_executor", ("self",), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._start_profiling", ("self", "do_profile"), "v0.py"),
+    (V0_TRAINER, "RayPPOTrainer._stop_profiling", ("self", "do_profile", "run_command"), "v0.py"),
+    (V0_TRAINER, "apply_kl_penalty", ("data", "kl_ctrl", "kl_penalty"), "v0.py (with strategies/kl.py's controller)"),
+    (V0_TRAINER, "compute_advantage", ("data", "adv_estimator", "gamma", "lam", "num_repeat", "norm_adv_by_std_in_grpo", "config"), "v0.py"),
+    (V0_TRAINER, "compute_response_mask", ("data",), "v0.py"),
+    (V0_TRAINER, "compute_spec_decode_metrics", None, "v0.py"),
+    ("verl.trainer.ppo.rollout_corr_helper", "compute_rollout_correction_and_add_to_batch", ("batch", "rollout_corr_config"), "v0.py, v1.py"),
+    ("verl.trainer.ppo.rollout_corr_helper", "apply_bypass_mode", ("batch", "rollout_corr_config", "policy_loss_config"), "v0.py"),
+    ("verl.utils.checkpoint.checkpoint_manager", "should_save_ckpt_esi", ("max_steps_duration", "redundant_time"), "v0.py"),
+    ("verl.utils.skip.skip_manager", "SkipManager.set_step", None, "v0.py"),
+    ("verl.utils.debug.metrics", "calculate_debug_metrics", ("data",), "v0.py"),
+    ("verl.checkpoint_engine.base", "CheckpointEngineManager.sleep_replicas", ("self",), "v0.py, once per step"),
+    ("verl.checkpoint_engine.base", "CheckpointEngineManager.update_weights", ("self", "global_steps"), "v0.py"),
+    # -- v0 task runner: strategies/v0_runner.py ------------------------------------------------------
+    ("verl.trainer.main_ppo_v0", "TaskRunner", None, "v0_runner.py borrows its run()"),
+    ("verl.trainer.main_ppo_v0", "BaseTaskRunner.add_actor_rollout_worker", ("self", "config"), "v0_runner.py"),
+    ("verl.trainer.main_ppo_v0", "BaseTaskRunner.add_critic_worker", ("self", "config"), "v0_runner.py"),
+    ("verl.trainer.main_ppo_v0", "RayPPOTrainer", None, "v0_runner.py swaps it in its actor process"),
+    # -- v1 trainer: strategies/v1.py -------------------------------------------------------------------
+    ("verl.trainer.ppo.v1", "register_trainer", ("name",), "v1.py registers the async_reward mode"),
+    ("verl.trainer.ppo.v1.trainer_sync", "PPOTrainerSync", None, "v1.py subclasses it"),
+    (V1_TRAINER, "PPOTrainer._build_replay_buffer", ("self",), "v1.py overrides it"),
+    (V1_TRAINER, "PPOTrainer._init_resource_pool_mgr", ("self",), "v1.py overrides it (worker classes)"),
+    (V1_TRAINER, "PPOTrainer._add_batch_to_generate", ("self",), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._balance_batch", ("self", "batch", "metrics", "logging_prefix", "keep_minibatch"), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._compute_old_log_prob", ("self", "batch", "metrics"), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._compute_ref_log_prob", ("self", "batch", "metrics"), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._compute_values", ("self", "batch", "metrics"), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._compute_advantage", ("self", "batch", "metrics"), "v1.py, per mini-batch"),
+    (V1_TRAINER, "PPOTrainer._update_actor", ("self", "batch", "metrics"), "v1.py, per update call"),
+    (V1_TRAINER, "PPOTrainer._update_critic", ("self", "batch", "metrics"), "v1.py, per update call"),
+    (V1_TRAINER, "PPOTrainer._compute_reward_colocate", ("self", "batch", "metrics"), "v1.py overrides it (validation)"),
+    (V1_TRAINER, "PPOTrainer._lengths_to_mask", ("lengths", "width"), "v1.py"),
+    (V1_TRAINER, "PPOTrainer._save_checkpoint", ("self",), "v1.py overrides it (loader state)"),
+    (V1_TRAINER, "PPOTrainer._validate", ("self",), "its reward extra info: v1.py writes extra_fields for it"),
+    (V1_TRAINER, "PPOTrainer.step", ("self", "metrics", "timing_raw"), "v1.py overrides it"),
+    (V1_TRAINER, "PPOTrainer.on_init_end", ("self",), "v1.py overrides it"),
+    ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopManagerTQ.generate_sequences", ("self", "prompts"), "integration/group_size_v1.py"),
+    # -- workers: strategies/workers.py ------------------------------------------------------------------
+    ("verl.workers.engine_workers", "ActorRolloutRefWorker.update_actor", ("self", "data"), "workers.py overrides it"),
+    ("verl.workers.engine_workers", "TrainingWorker.train_mini_batch", ("self", "data"), "workers.py overrides it"),
+    ("verl.workers.engine.base", "BaseEngine.lr_scheduler_step", ("self",), "workers.py shadows it per call"),
+    ("verl.workers.engine.base", "BaseEngine.to", ("self", "device", "model", "optimizer", "grad"), "workers.py counts and calls it"),
+    ("verl.workers.engine.base", "BaseEngine.train_mode", None, "workers.py wraps it per call (load/offload count)"),
+    ("verl.workers.engine.base", "BaseEngine.is_param_offload_enabled", None, "workers.py"),
+    ("verl.workers.engine.base", "BaseEngine.is_optimizer_offload_enabled", None, "workers.py"),
+    ("verl.workers.engine.base", "BaseEngineCtx._context_switch", ("self", "device"), "workers.py does its moves itself"),
+    ("verl.single_controller.base.decorator", "make_nd_compute_dataproto_dispatch_fn", ("mesh_name",), "workers.py"),
+    # -- agent loops and reward managers: strategies/agent_loop.py, integration/* -------------------------
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopManager.generate_sequences", ("self", "prompts"), "agent_loop.py, group_size_v0.py"),
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopManager.__init__",
+     ("self", "config", "llm_client", "teacher_client", "reward_loop_worker_handles"), "agent_loop.py"),
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopWorker._compute_score", ("self", "outputs", "kwargs"),
+     "group_sizes.py: prompt columns reach run_single"),
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopWorker._postprocess", ("self", "inputs", "input_non_tensor_batch", "validate"),
+     "agent_loop.py: extra-field columns"),
+    ("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase.assemble_rm_scores", ("data", "scores"), "agent_loop.py"),
+    ("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase.run_single", ("self", "data"), "reward_manager.py"),
+    ("verl.experimental.reward_loop.reward_manager.registry", "register", None, "integration/register.py"),
+    ("verl.workers.reward_manager.registry", "register", None, "integration/register.py"),
+    ("verl.protocol", "pad_dataproto_to_divisor", ("data", "size_divisor"), "decode.real_length_of_padded undoes it"),
+    ("verl.trainer.ppo.core_algos", "ADV_ESTIMATOR_REGISTRY", None, "plan.py classifies every estimator"),
+    ("verl.trainer.ppo.core_algos", "AdaptiveKLController.update", ("self", "current_kl", "n_steps"), "kl.py"),
+    # -- CPU backend: cpu_backend/__init__.py, rollout.py -------------------------------------------------
+    ("verl.plugin.platform.platform_manager", "_current_platform", None, "cpu_backend: platform resolved early"),
+    ("verl.plugin.platform.platform_manager", "PlatformRegistry", None, "cpu_backend"),
+    ("verl.plugin.platform.platform_manager", "set_platform", None, "cpu_backend"),
+    ("verl.plugin.platform.platform_base", "PlatformBase", None, "cpu_backend"),
+    ("verl.utils.distributed", "initialize_global_process_group_ray", ("timeout_second", "backend"), "cpu_backend patches it"),
+    ("verl.utils.model", "load_valuehead_model", ("local_path", "torch_dtype", "model_config", "trust_remote_code"),
+     "cpu_backend patches it"),
+    ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy", None, "cpu_backend patches it (no pinning on CPU)"),
+    ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY", None, "cpu_backend registers the hf_cpu adapter"),
+    ("verl.workers.rollout.base", "BaseRollout", None, "cpu_backend"),
+    ("verl.workers.rollout.replica", "RolloutReplicaRegistry", None, "cpu_backend"),
+    ("verl.workers.rollout.replica", "RolloutReplica.launch_servers", ("self",), "cpu_backend"),
+    ("verl.workers.rollout.replica", "TokenOutput", None, "cpu_backend"),
+    ("verl.checkpoint_engine.base", "ColocatedCheckpointEngine", None, "cpu_backend"),
+)
+
+
+# Not verl's, but private all the same: hydra's, used by integration/stock_entry.py (the install
+# helper's hook on verl's own entry point). Checked the same way as verl's.
+OTHER_INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
+    ("hydra.plugins.config_source", "ConfigSource._normalize_file_name", ("filename",), "integration/stock_entry.py"),
+    ("hydra.plugins.config_source", "ConfigSource._get_header_dict", ("config_text",), "integration/stock_entry.py"),
+)
+
+# Instance attributes (set in a verl method, so not on the class): (module, class, attribute, the
+# method that sets it, who relies on it). ``ThreadPoolExecutor._shutdown`` is the standard library's,
+# read exactly as verl's own fit reads it.
+INSTANCE_ATTRIBUTES: tuple[tuple[str, str, str, str, str], ...] = (
+    (V0_TRAINER, "RayPPOTrainer", "_dump_executor", "_init_dump_executor", "v0.py"),
+    ("concurrent.futures", "ThreadPoolExecutor", "_shutdown", "__init__", "v0.py, as verl's fit"),
+    ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer", "kl_ctrl_in_reward", "__init__", "v0.py"),
+    (V1_TRAINER, "PPOTrainer", "kl_ctrl_in_reward", "__init__", "v1.py swaps it for one step"),
+    (V1_TRAINER, "PPOTrainer", "trainer_mode", "__init__", "v1.py"),
+    (V1_TRAINER, "PPOTrainer", "reward_loop_manager", "_setup", "v1.py hides its handles"),
+)
+
+
+def _resolve(module_name: str, dotted: str):
+    obj = importlib.import_module(module_name)
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def missing(internals: Sequence[tuple[str, str, Optional[tuple[str, ...]], str]] = INTERNALS) -> list[str]:
+    """What the installed verl lacks or has changed, one line each (empty: all present as expected)."""
+    problems = []
+    for module_name, dotted, params, user in internals:
+        try:
+            obj = _resolve(module_name, dotted)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{module_name}.{dotted} is missing ({type(exc).__name__}: {exc}); used by {user}")
+            continue
+        if params is None:
+            continue
+        target = getattr(obj, "fget", obj)
+        target = getattr(target, "__wrapped__", target)
+        try:
+            found = tuple(inspect.signature(target).parameters)
+        except (TypeError, ValueError):
+            continue
+        positions = [found.index(name) if name in found else -1 for name in params]
+        if -1 in positions or positions != sorted(positions):
+            problems.append(f"{module_name}.{dotted} takes {found}, expected {params} among them, in order; used by {user}")
+    return problems
+
+
+def missing_instance_attributes(entries=INSTANCE_ATTRIBUTES) -> list[str]:
+    """Instance attributes whose setter no longer assigns them (read from the setter's source)."""
+    problems = []
+    for module_name, cls, attribute, setter, user in entries:
+        try:
+            source = inspect.getsource(_resolve(module_name, f"{cls}.{setter}"))
+        except (ImportError, AttributeError, OSError, TypeError) as exc:
+            problems.append(f"{module_name}.{cls}.{setter} is missing ({exc}); used by {user}")
+            continue
+        if f"self.{attribute} =" not in source and f"self.{attribute}:" not in source:
+            problems.append(f"{module_name}.{cls}.{setter} no longer sets self.{attribute}; used by {user}")
+    return problems
