@@ -201,7 +201,6 @@ def test_stock_main_ppo_is_untouched_when_async_agent_is_not_selected(case, stoc
     assert "verl_async_rm" not in ours[case]["stderr"]
 
 
-@pytest.mark.quick
 def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_block():
     from verl_async_rm.main_ppo import prepare
 

@@ -22,29 +22,3 @@ def connect(settings: AsyncAgentSettings) -> RewardClient:
 
     return RewardAgent(load_reward(settings.reward.path, settings.reward.name, settings.reward.kwargs), settings.agent)
 
-
-class AgentClient:
-    """The integration's handle on the agent (kept for the strategies' ``take``/``score_batch``)."""
-
-    def __init__(self, settings: AsyncAgentSettings):
-        self.settings = settings
-        self.client = connect(settings)
-
-    async def score_in_group(self, request: dict, uid, group_size: int, group_wait: float | None):
-        return await self.client.score_in_group(request, uid, group_size, group_wait)
-
-    def submit(self, requests: list[dict], group_size: int) -> str:
-        return self.client.submit(requests, group_size)
-
-    def take(self, ticket: str, n: int | None = None):
-        """Whole groups totalling ``n`` samples (all that remain when None), blocking until ready."""
-        return self.client.get(ticket, n)
-
-    def cancel(self, ticket: str) -> int:
-        return self.client.cancel(ticket)
-
-    def score_batch(self, requests: list[dict], group_size: int):
-        return self.take(self.submit(requests, group_size))
-
-    def metrics(self) -> dict:
-        return self.client.metrics()

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
-from verl_async_rm.integration.client import AgentClient
+from verl_async_rm.integration.client import connect
 from verl_async_rm.integration.register import register_where_loaded
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
 from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
@@ -48,7 +48,7 @@ class AsyncAgentRewardManager(RewardManagerBase):
         if reward_fn_key:
             self.settings = type(self.settings)(**{**self.settings.__dict__, "reward_fn_key": reward_fn_key})
         check_spec(self.settings.reward)  # a bad path/name fails here, at start, in this process
-        self.client = AgentClient(self.settings)
+        self.client = connect(self.settings)
         self._warned_unstamped = False
 
     # -- reward loop: one sample per call ---------------------------------------------------------
@@ -85,7 +85,7 @@ class AsyncAgentRewardManager(RewardManagerBase):
                 return {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {k: data.non_tensor_batch[k] for k in keys}}
             return data.batch["rm_scores"]
         requests = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)
-        chunk = self.client.score_batch(requests, group_size_of(requests))
+        chunk = self.client.get(self.client.submit(requests, group_size_of(requests)))
         lengths = valid_response_lengths(data)
         reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
         rows = torch.as_tensor(chunk.indices)

@@ -16,7 +16,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
-from verl_async_rm.integration.client import AgentClient
+from verl_async_rm.integration.client import connect
 from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.strategies.timing import RewardTiming
@@ -99,7 +99,7 @@ class ScoredRows:
 class BatchRewards:
     def __init__(self, config, tokenizer):
         self.settings = settings_from_verl_config(config)
-        self.client = AgentClient(self.settings)
+        self.client = connect(self.settings)
         self.tokenizer = tokenizer
         self.extra_keys = tuple(self.settings.extra_keys)
 
@@ -136,7 +136,7 @@ class BatchRewards:
 
     def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int]) -> ScoredRows:
         start = time.monotonic()
-        chunk = self.client.take(ticket.ticket, n)
+        chunk = self.client.get(ticket.ticket, n)
         pending.timing.blocked += time.monotonic() - start
         pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
         pending.latencies += [x for x in chunk.latencies if x is not None]
