@@ -382,3 +382,41 @@ def test_a_failed_ticket_hands_out_what_was_ready_in_full_chunks_then_raises():
     assert {i for i, _, failed in delivered if not failed} == set(range(12))  # every good score, kept
     assert all(score == float(i) for i, score, failed in delivered if not failed)
     assert all(i >= 12 for i, _, failed in delivered if failed)  # groups the policy resolved before the trip
+
+
+def test_an_open_ticket_scores_samples_as_they_arrive_and_hands_out_whole_groups():
+    """Scoring while generating: rollouts finish one by one over 10 s and are added to the step's
+    ticket as they do; each group is handed out as soon as its last member is scored; a session that
+    produced fewer outputs (group 'short') is resolved at close; prompts ask for different sample
+    counts (group sizes per uid)."""
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(2)  # the judge
+        return float(extra_info["i"])
+
+    sizes = {"a": 2, "b": 3, "short": 4}
+    arrivals = [(1.0, "a"), (2.0, "b"), (3.0, "a"), (4.0, "b"), (5.0, "short"), (6.0, "b"), (7.0, "short")]
+
+    async def scenario():
+        async with AsyncRewardAgent(reward, {}) as agent:
+            ticket = agent.open_ticket(sizes)
+            start = now()
+
+            async def generate():
+                for i, (at, uid) in enumerate(arrivals):
+                    await asyncio.sleep(at - (now() - start))
+                    agent.add(ticket, [{"solution_str": "x", "uid": uid, "index": i, "extra_info": {"i": i}}])
+                await asyncio.sleep(10 - (now() - start))
+                agent.close_ticket(ticket)  # generation ended; 'short' got 2 of 4
+
+            producer = asyncio.ensure_future(generate())
+            handed = []
+            while chunk := await agent.get(ticket, 1):  # at least 1 sample: one whole group at a time
+                handed.append((now() - start, chunk.indices))
+            await producer
+            with pytest.raises(ValueError, match="not open"):
+                agent.add(ticket, [{"solution_str": "x", "uid": "a", "index": 99}])
+            return handed
+
+    handed = virtual(scenario)
+    assert handed == [(5.0, [0, 2]), (8.0, [1, 3, 5]), (10.0, [4, 6])]  # as each completes; 'short' at close

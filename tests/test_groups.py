@@ -195,3 +195,94 @@ def test_streamed_groups_resolve_once_with_every_member(events, size):
     assert sum(resolved) == joined == settled
     assert all(1 <= n <= size for n in resolved)
     assert stream.open_groups == 0
+
+
+@st.composite
+def open_ticket_plans(draw):
+    """Groups of mixed sizes; samples added in random batches, settled in random order, some groups
+    left short (a session that produced fewer outputs), takes of random n, close at a random point."""
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=8))
+    present = [draw(st.integers(1, size)) for size in sizes]  # members that will actually arrive
+    samples = [(index, f"g{g}") for g, count in enumerate(present) for index in [None] * count]
+    samples = [(i, uid) for i, (_, uid) in enumerate(samples)]
+    order = draw(st.permutations(samples))
+    events = draw(st.lists(st.sampled_from(["add", "settle", "take"]), min_size=len(samples) * 3, max_size=len(samples) * 6))
+    takes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=20))
+    return {f"g{g}": size for g, size in enumerate(sizes)}, present, order, events, takes
+
+
+@settings(max_examples=300, deadline=None)
+@given(open_ticket_plans())
+def test_open_tickets_hand_out_every_sample_once_whole_groups_at_least_n(plan):
+    sizes, present, order, events, takes = plan
+    ledger = TicketLedger([], sizes, open=True)
+    uid_of = dict(order)
+    added, settled_idx, taken = [], [], []
+    to_add, to_settle = list(order), []
+    requests = iter(takes * 100)
+    want = next(requests)
+
+    def resolve(group):
+        ledger.mark_ready(GroupResult(group.key, group.indices, [float(i) for i in group.indices], [{}] * len(group.indices)))
+
+    def try_take():
+        nonlocal want
+        got = ledger.take(want)
+        if got is None:
+            return
+        chunk = assemble_chunk(got)
+        assert chunk.scores == [float(i) for i in chunk.indices]
+        closed_and_all = not ledger.open
+        assert len(chunk) >= want or closed_and_all  # at least n, unless it is the rest of a closed ticket
+        for g in got:
+            uid = uid_of[g.indices[0]]
+            assert {uid_of[i] for i in g.indices} == {uid}
+            assert len(g.indices) == sizes[uid] or not ledger.open  # short groups only after close
+        taken.extend(chunk.indices)
+        want = next(requests)
+
+    for event in events:
+        if event == "add" and to_add:
+            index, uid = to_add.pop()
+            ledger.add([(index, uid)])
+            added.append(index)
+            to_settle.append(index)
+        elif event == "settle" and to_settle:
+            index = to_settle.pop(0)
+            group = ledger.settle(index, Scored(float(index)))
+            settled_idx.append(index)
+            if group is not None:
+                resolve(group)
+        try_take()
+    for index, uid in reversed(to_add):  # the rest arrives, then generation ends
+        ledger.add([(index, uid)])
+        to_settle.append(index)
+    for group in ledger.close():
+        resolve(group)
+    with pytest.raises(ValueError, match="closed"):
+        ledger.add([(10_000, "g0")])
+    for index in to_settle:
+        group = ledger.settle(index, Scored(float(index)))
+        if group is not None:
+            resolve(group)
+    rest = ledger.take(None)
+    assert rest is not None
+    taken.extend(assemble_chunk(rest).indices)
+    assert sorted(taken) == sorted(uid_of)  # every sample exactly once
+    assert ledger.exhausted and ledger.take(None) == []
+
+
+def test_mixed_group_sizes_are_checked_per_uid():
+    ledger = TicketLedger([(0, "a"), (1, "a"), (2, "b")], {"a": 2, "b": 1})
+    assert ledger.total_groups == 2
+    with pytest.raises(ValueError, match="its size is 1"):
+        TicketLedger([(0, "a"), (1, "a")], {"a": 1})
+    with pytest.raises(ValueError, match="do not name"):
+        TicketLedger([(0, "c")], {"a": 1})
+    with pytest.raises(ValueError, match="closed"):
+        ledger.add([(3, "b")])
+    opened = TicketLedger([], {"a": 2}, open=True)
+    opened.add([(0, "a")])
+    with pytest.raises(ValueError, match="its size is 2"):
+        opened.add([(1, "a"), (2, "a")])  # a bad batch adds nothing
+    assert opened.total_samples == 1

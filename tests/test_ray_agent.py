@@ -119,3 +119,19 @@ def test_ticket_ids_are_not_reused_by_a_recreated_actor(ray_session):
         ray.get(new.get.remote(old_ticket), timeout=10)
     assert ray.get(new.get.remote(new_ticket), timeout=10).scores == [0.0]
     ray.kill(new)
+
+
+def test_open_tickets_through_the_actor(ray_session):
+    """open_ticket / add / close_ticket / get over the client protocol, mixed group sizes."""
+    spec = RewardSpec(str(REWARDS / "examples.py"), "plain", {})
+    client = RayRewardClient(get_or_create_agent_actor(spec, name="agent-open-tickets"))
+    ticket = client.open_ticket({"a": 2, "b": 1})
+    client.add(ticket, [{"solution_str": "x", "ground_truth": "x", "uid": "a", "index": 0}])
+    client.add(ticket, [{"solution_str": "y", "ground_truth": "x", "uid": "b", "index": 1}])
+    first = client.get(ticket, 1, timeout=10)
+    assert first.indices == [1] and first.scores == [0.0]  # 'b' is whole; 'a' still waits for its second
+    client.add(ticket, [{"solution_str": "x", "ground_truth": "x", "uid": "a", "index": 2}])
+    client.close_ticket(ticket)
+    rest = client.get(ticket, timeout=10)
+    assert rest.indices == [0, 2] and rest.scores == [1.0, 1.0]
+    ray_session.kill(client.actor)

@@ -125,7 +125,7 @@ def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
 
 
 def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_shutdown():
-    hang, gate = threading.Event(), threading.Event()
+    hang = threading.Event()
 
     async def go(bridge, ends):
         bridge.run(hang.wait, 10, Token(0))  # the only thread hangs

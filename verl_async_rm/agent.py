@@ -90,8 +90,17 @@ class AsyncRewardAgent:
         self.reward, self.config = _prepare(reward, config, reward_kwargs, token_estimator)
         self.engine = ScoringEngine(self.reward, self.config, loop=asyncio.get_running_loop(), token_estimator=token_estimator)
 
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
         return self.engine.submit(as_batch(items), group_size)
+
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
+        return self.engine.open_ticket(group_size)
+
+    def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:
+        self.engine.add(ticket, as_batch(items))
+
+    def close_ticket(self, ticket: str) -> None:
+        self.engine.close(ticket)
 
     async def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         return assemble_chunk(await self.engine.take(ticket, n, timeout))
@@ -189,9 +198,23 @@ class RewardAgent:
         return cls(load_reward(path, name, dict(reward_kwargs or {})), config, token_estimator=token_estimator)
 
     # -- the API ----------------------------------------------------------------------------------
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
-        """Start scoring a batch; returns a ticket at once. Bad input raises here, not later."""
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
+        """Start scoring a batch; returns a ticket at once. Bad input raises here, not later.
+        ``group_size``: one size for every uid, or a mapping uid -> size."""
         return self._call(self._engine.submit, as_batch(items), group_size)
+
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
+        """A ticket whose samples come later (``add``, e.g. each rollout as it finishes) until
+        ``close_ticket``. Its groups are handed out by ``get`` as they complete."""
+        return self._call(self._engine.open_ticket, group_size)
+
+    def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:
+        """More samples of an open ticket (indices unique within the ticket); they start at once."""
+        self._call(self._engine.add, ticket, as_batch(items))
+
+    def close_ticket(self, ticket: str) -> None:
+        """No more samples for ``ticket``: a group short of its size is resolved as it is."""
+        self._call(self._engine.close, ticket)
 
     def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         """Block until whole groups of ``ticket`` totalling ``n`` samples are ready (all that remain if

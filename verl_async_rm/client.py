@@ -10,8 +10,17 @@ from verl_async_rm.outcome import RewardItem, ScoredChunk
 
 
 class RewardClient(Protocol):
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int = 1) -> str:
-        """Start scoring a batch; a ticket, at once."""
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
+        """Start scoring a batch; a ticket, at once (group sizes: one, or per uid)."""
+
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
+        """A ticket whose samples come later, by ``add``, until ``close_ticket``."""
+
+    def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:
+        """More samples of an open ticket; they start scoring at once."""
+
+    def close_ticket(self, ticket: str) -> None:
+        """No more samples for an open ticket."""
 
     def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         """Whole groups of ``ticket`` totalling ``n`` samples (all remaining when None), as soon as

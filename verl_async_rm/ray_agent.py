@@ -91,6 +91,15 @@ class RewardAgentActor:
     async def submit(self, items: list, group_size: int = 1) -> str:
         return self._ensure().submit(items, group_size)
 
+    async def open_ticket(self, group_size=1) -> str:
+        return self._ensure().open_ticket(group_size)
+
+    async def add(self, ticket: str, items: list) -> None:
+        self._ensure().add(ticket, items)
+
+    async def close_ticket(self, ticket: str) -> None:
+        self._ensure().close_ticket(ticket)
+
     async def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         return await self._ensure().get(ticket, n, timeout)
 
@@ -147,6 +156,21 @@ class RayRewardClient:
         import ray
 
         return ray.get(self.actor.submit.remote(list(items), group_size))
+
+    def open_ticket(self, group_size=1) -> str:
+        import ray
+
+        return ray.get(self.actor.open_ticket.remote(group_size))
+
+    def add(self, ticket: str, items: list) -> None:
+        import ray
+
+        ray.get(self.actor.add.remote(ticket, list(items)))
+
+    def close_ticket(self, ticket: str) -> None:
+        import ray
+
+        ray.get(self.actor.close_ticket.remote(ticket))
 
     def get(self, ticket: str, n: int | None = None, timeout: float | None = None) -> ScoredChunk:
         import ray

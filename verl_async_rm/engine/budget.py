@@ -40,7 +40,8 @@ class FailureDigest:
 
 
 class TicketBudget:
-    """Failures of one ticket of ``total`` samples against ``max_failure_rate``."""
+    """Failures of one ticket of ``total`` samples against ``max_failure_rate`` (an open ticket's
+    ``total`` grows as samples are added)."""
 
     def __init__(self, total: int, max_failure_rate: float):
         self.total = total

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import itertools
 import logging
 import secrets
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Mapping
 
 from verl_async_rm.cache import ResultCache
 from verl_async_rm.config import AgentConfig
@@ -47,7 +48,7 @@ from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.normalize import normalize_group_scores
 from verl_async_rm.outcome import (
-    AgentClosed, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, Scored, TicketCancelled,
+    AgentClosed, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
 )
 from verl_async_rm.policy import failure_policy, resolve_group
 from verl_async_rm.retry import RetryPolicy
@@ -72,7 +73,7 @@ class TicketRun:
         self.budget = budget
         self.waiters: deque[tuple[int | None, asyncio.Future]] = deque()
         self.in_hand = 0  # takes by callers elsewhere, handed over but not yet confirmed or put back
-        self.deliver: Callable[[GroupResult | BaseException], None] = lambda result: None  # set by the engine
+        self.deliver: Deliver | None = None  # where its resolved groups go (the engine's, bound at submit)
         self.hooks: set[asyncio.Task] = set()
         self.settled_at: dict[int, float] = {}  # settled samples whose group is not ready yet
         self.error: BaseException | None = None
@@ -152,23 +153,64 @@ class ScoringEngine:
         self.closed: BaseException | None = None
 
     # -- tickets ----------------------------------------------------------------------------------
-    def submit(self, items: list[RewardItem], group_size: int) -> str:
+    def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int]) -> str:
         """Start scoring a batch; returns its ticket at once. Bad input raises here."""
+        ledger = TicketLedger([(item.index, item.uid) for item in items], group_size)
+        run = self._new_ticket(ledger, len(items))
+        self._enqueue(run, items)
+        if not items and run.deadline is not None:
+            run.deadline.cancel()
+        return run.ticket
+
+    def open_ticket(self, group_size: int | Mapping[Hashable, int]) -> str:
+        """A ticket whose samples come later (``add``, e.g. as each rollout finishes) until ``close``.
+        Its groups are handed out as they complete, like any ticket's; ``ticket_deadline`` counts
+        from now."""
+        return self._new_ticket(TicketLedger([], group_size, open=True), 0).ticket
+
+    def add(self, ticket: str, items: list[RewardItem]) -> None:
+        """More samples of an open ticket; they start scoring at once. Bad input raises here and
+        adds nothing."""
+        run = self._open_run(ticket)
+        run.ledger.add([(item.index, item.uid) for item in items])
+        run.budget.total += len(items)
+        self._enqueue(run, items)
+
+    def close(self, ticket: str) -> None:
+        """No more samples for ``ticket``: a group still short of its size is resolved with the
+        members it has (a session that produced fewer outputs), once they are scored."""
+        run = self._open_run(ticket)
+        for group in run.ledger.close():
+            self._on_group_settled(run, group)
+        self._serve(run)
+
+    def _open_run(self, ticket: str) -> TicketRun:
+        run = self._run_of(ticket)
+        if run is None or not run.ledger.open:
+            raise ValueError(f"ticket {ticket} is not open: samples can be added only between open_ticket and close")
+        if run.error is not None:
+            raise _copy_error(run)
+        return run
+
+    def _new_ticket(self, ledger: TicketLedger, samples: int) -> TicketRun:
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
-        ledger = TicketLedger([(item.index, item.uid) for item in items], group_size)
         ticket = f"{self.id}-{next(self._ticket_numbers)}"
         now = self.loop.time()
-        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(len(items), self.config.max_failure_rate))
-        run.deliver = lambda result: self._deliver_to_ticket(run, result)
-        for item in items:
-            run.samples[item.index] = Sample(item, run)
+        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(samples, self.config.max_failure_rate))
+        run.deliver = functools.partial(self._deliver_to_ticket, run)
         self.tickets[ticket] = run
-        self.metrics.submitted += len(items)
-        if self.config.ticket_deadline is not None and items:
+        if self.config.ticket_deadline is not None:
             run.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_ticket, run)
-        self.pipeline.enqueue(list(run.samples.values()))
-        return ticket
+        return run
+
+    def _enqueue(self, run: TicketRun, items: list[RewardItem]) -> None:
+        samples = []
+        for item in items:
+            sample = run.samples[item.index] = Sample(item, run)
+            samples.append(sample)
+        self.metrics.submitted += len(samples)
+        self.pipeline.enqueue(samples)
 
     def _run_of(self, ticket: str) -> TicketRun | None:
         run = self.tickets.get(ticket)
@@ -338,6 +380,9 @@ class ScoringEngine:
         """The ticket's deadline: settle whatever is pending, a slice per loop iteration."""
         run.deadline = None
         message = f"unfinished at the ticket deadline ({self.config.ticket_deadline}s)"
+        if run.ledger.open:  # no more members after the deadline: groups settle with what they have
+            for group in run.ledger.close():
+                self._on_group_settled(run, group)
         pending = [s for s in run.samples.values() if not s.settled]
         for task in list(run.hooks):  # groups being post-processed: resolved without the hook
             task.cancel()
@@ -457,10 +502,7 @@ class ScoringEngine:
                 return
             group = owner.ledger.settle(sample.item.index, outcome)
             if group is not None:
-                where = "" if self.reward.group_hook is None else \
-                    f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {owner.ticket})"
-                deadline = owner.submitted_at + (self.config.ticket_deadline or float("inf"))
-                self._resolve(group, owner.deliver, deadline, where, owner.hooks, owner)
+                self._on_group_settled(owner, group)
             return
         member: StreamMember = owner
         self.metrics.latencies.append(now - member.arrived_at)
@@ -468,6 +510,12 @@ class ScoringEngine:
             return
         if member.group.settle(member.position, outcome):
             self._resolve_stream_group(member.group)
+
+    def _on_group_settled(self, run: TicketRun, group: SettledGroup) -> None:
+        where = "" if self.reward.group_hook is None else \
+            f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {run.ticket})"
+        deadline = run.submitted_at + (self.config.ticket_deadline or float("inf"))
+        self._resolve(group, run.deliver, deadline, where, run.hooks, run)
 
     def _count_recent(self, failed: bool, outcome: Outcome) -> bool:
         kind, message = (outcome.kind, outcome.message) if failed else ("", "")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 from verl_async_rm.outcome import Outcome, ScoredChunk
 
@@ -86,35 +86,101 @@ class Group:
         return SettledGroup(self.key, list(self.members), [self.outcomes[m] for m in self.members])
 
 
-class TicketLedger:
-    """The groups of one submitted batch, and its ready queue."""
+def _check_size(size, what: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{what} must be a positive integer, got {size!r}")
+    return size
 
-    def __init__(self, samples: Sequence[tuple[int, Hashable | None]], group_size: int):
-        """``samples``: (index, uid) per sample of the batch."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-        self.group_size = group_size
+
+class TicketLedger:
+    """The groups of one ticket, and its ready queue.
+
+    ``group_size`` is one size for every uid, or a mapping uid -> size (batches whose prompts ask
+    for different sample counts). A ticket is *closed* (its membership final: ``submit``) or *open*
+    (``open_ticket``): samples are added as they come (a rollout finishing), a group settles once it
+    has all its members and their outcomes, and ``close`` ends membership (a group still short of
+    its size then settles with the members it has).
+    """
+
+    def __init__(self, samples: Sequence[tuple[int, Hashable | None]], group_size: int | Mapping[Hashable, int],
+                 *, open: bool = False):
+        """``samples``: (index, uid) per sample."""
+        if isinstance(group_size, Mapping):
+            self._sizes: Mapping[Hashable, int] | None = {uid: _check_size(n, f"group size of {uid!r}") for uid, n in group_size.items()}
+            self.group_size: int | None = None  # mixed sizes
+        else:
+            self._sizes = None
+            self.group_size = _check_size(group_size, "group_size")
+        self.open = open
+        self._groups: dict[Hashable, Group] = {}
         self._group_of: dict[int, Group] = {}
-        members: dict[Hashable, list[int]] = {}
+        self._unsettled_groups = 0
+        self._ready: deque[GroupResult] = deque()
+        self.total_groups = 0
+        self.total_samples = 0
+        self.taken_groups = 0
+        self.taken_samples = 0
+        self._add(samples, strict=not open)
+
+    def _size_of(self, uid: Hashable | None, index: int) -> int:
+        if uid is None:
+            if self.group_size not in (None, 1):
+                raise ValueError(f"sample {index} has no uid, but group_size={self.group_size}: a uid is needed to form groups")
+            return 1
+        if self._sizes is None:
+            return self.group_size
+        if uid not in self._sizes:
+            raise ValueError(f"sample {index} has uid {uid!r}, which the group sizes do not name")
+        return self._sizes[uid]
+
+    def add(self, samples: Sequence[tuple[int, Hashable | None]]) -> None:
+        """New members of an open ticket."""
+        if not self.open:
+            raise ValueError("the ticket is closed: no samples can be added")
+        self._add(samples, strict=False)
+
+    def _add(self, samples: Sequence[tuple[int, Hashable | None]], strict: bool) -> None:
+        """``strict`` (a closed batch): every group must come out exactly its size. All checked first:
+        a bad batch changes nothing."""
+        batch: dict[Hashable, list[int]] = {}
+        sizes: dict[Hashable, int] = {}
         seen: set[int] = set()
         for index, uid in samples:
-            if index in seen:
-                raise ValueError(f"sample index {index} appears twice in one batch")
+            if index in seen or index in self._group_of:
+                raise ValueError(f"sample index {index} appears twice in one ticket")
             seen.add(index)
-            members.setdefault(group_key(uid, index, group_size), []).append(index)
-        for key, indices in members.items():
-            if len(indices) != group_size:
+            key = ("uid", uid) if uid is not None else ("sample", index)
+            sizes[key] = self._size_of(uid, index)
+            batch.setdefault(key, []).append(index)
+        for key, indices in batch.items():
+            group = self._groups.get(key)
+            have = len(group.members) if group is not None else 0
+            if have + len(indices) > sizes[key] or (strict and have + len(indices) != sizes[key]):
                 raise ValueError(
-                    f"group {key[1]!r} has {len(indices)} samples (indices {sorted(indices)[:8]}...), "
-                    f"but group_size={group_size}: every uid needs exactly group_size samples"
+                    f"group {key[1]!r} has {have + len(indices)} samples (indices {sorted(indices)[:8]}...), "
+                    f"but its size is {sizes[key]}: every uid needs exactly its group size of samples"
                 )
-            group = Group(key, group_size, sorted(indices), closed=True)
+        for key, indices in batch.items():
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = Group(key, sizes[key])
+                self.total_groups += 1
+                self._unsettled_groups += 1
             for index in indices:
+                group.add(index)
                 self._group_of[index] = group
-        self._unsettled_groups = len(members)
-        self._ready: deque[GroupResult] = deque()
-        self.total_groups = len(members)
-        self.taken_groups = 0
+            group.members.sort()
+            self.total_samples += len(indices)
+
+    def close(self) -> list[SettledGroup]:
+        """No more samples: groups short of their size settle with the members they have."""
+        self.open = False
+        settled = []
+        for group in self._groups.values():
+            if not group.closed and group.close():
+                self._unsettled_groups -= 1
+                settled.append(group.settled())
+        return settled
 
     # -- settling -------------------------------------------------------------------------------
     def settle(self, index: int, outcome: Outcome) -> SettledGroup | None:
@@ -132,7 +198,7 @@ class TicketLedger:
 
     @property
     def all_settled(self) -> bool:
-        return self._unsettled_groups == 0
+        return not self.open and self._unsettled_groups == 0
 
     def unsettled_indices(self) -> list[int]:
         return [i for i, group in self._group_of.items() if not group.is_settled(i)]
@@ -147,36 +213,53 @@ class TicketLedger:
 
     @property
     def remaining_samples(self) -> int:
-        return (self.total_groups - self.taken_groups) * self.group_size
+        """Samples not handed out yet (of those added so far, for an open ticket)."""
+        return self.total_samples - self.taken_samples
 
     @property
     def exhausted(self) -> bool:
-        return self.taken_groups == self.total_groups
+        return not self.open and self.taken_groups == self.total_groups
 
     def check_request(self, n: int | None) -> None:
         if n is None:
             return
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ValueError(f"get(n) needs a positive integer n, got {n!r}")
-        if n % self.group_size:
+        if self.group_size is not None and n % self.group_size:
             raise ValueError(f"n={n} is not a multiple of the group size {self.group_size}: get returns whole groups")
 
     def take(self, n: int | None) -> list[GroupResult] | None:
-        """Whole ready groups totalling ``n`` samples (all remaining ones if fewer remain; all if ``n``
-        is None), or None when not enough are ready yet. Nothing is consumed on None."""
+        """Whole ready groups, in completion order, totalling ``n`` samples: exactly ``n`` with one
+        group size, at least ``n`` with mixed sizes (the group that reaches it is not cut). All
+        remaining ones when fewer remain, or when ``n`` is None, once the ticket is closed and they
+        are all ready. None when not enough are ready yet: nothing is consumed then."""
         self.check_request(n)
         remaining = self.total_groups - self.taken_groups
-        wanted = remaining if n is None else min(n // self.group_size, remaining)
-        if len(self._ready) < wanted:
-            return None
-        self.taken_groups += wanted
-        return [self._ready.popleft() for _ in range(wanted)]
+        count = 0
+        if n is None:
+            if self.open or len(self._ready) < remaining:
+                return None
+            count = remaining
+        else:
+            samples = 0
+            for group in self._ready:
+                samples += len(group.indices)
+                count += 1
+                if samples >= n:
+                    break
+            if samples < n and (self.open or count < remaining):
+                return None
+        taken = [self._ready.popleft() for _ in range(count)]
+        self.taken_groups += count
+        self.taken_samples += sum(len(group.indices) for group in taken)
+        return taken
 
     def put_back(self, groups: list[GroupResult]) -> None:
         """Undo a ``take`` whose taker never received it (timed out or cancelled at that moment):
         the groups go back to the front, in their order, for the next ``take``."""
         self._ready.extendleft(reversed(groups))
         self.taken_groups -= len(groups)
+        self.taken_samples -= sum(len(group.indices) for group in groups)
 
 
 class StreamGroups:

@@ -13,8 +13,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 # Keys every sample's extra info carries, success or failure: verl stacks per-sample extra info by
 # the first sample's keys (per-sample path) and concatenates chunks by key (strategies).
 FIXED_EXTRA_KEYS = ("acc", "reward_failed", "reward_failure")
