@@ -1,10 +1,15 @@
-"""Print the README's result tables from the committed JSON (paste them into README.md after
-regenerating a result; tests/test_e2e_report.py checks the README quotes them verbatim).
-    python bench/readme_tables.py
+"""The README's result tables and the end-to-end timeline, from the committed JSON in bench/results/.
+
+    python bench/readme_tables.py                 # print every table; redraw bench/results/e2e_timeline.png
+    python bench/readme_tables.py --write-readme  # the same, and replace the e2e block in README.md
+
+tests/test_e2e_report.py checks that the README quotes every table verbatim, so a regenerated result
+whose tables were not pasted (or written) fails the quick loop.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -14,11 +19,20 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_throughput import markdown as agent_markdown  # noqa: E402
 from bench.backpressure import markdown as backpressure_markdown  # noqa: E402
+from bench.e2e import STOCK  # noqa: E402
 from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
+from verl_async_rm.demo import ModeResult, draw_timeline  # noqa: E402
 from verl_async_rm.demo import markdown_table as demo_markdown  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+E2E_TIMELINE = RESULTS / "e2e_timeline.png"
+# The e2e block of README.md lies between these two lines (both kept by --write-readme).
+E2E_BEGIN = "<!-- e2e tables: python bench/readme_tables.py --write-readme -->"
+E2E_END = "<!-- /e2e tables -->"
+TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
+TIMELINE_MODES = (STOCK, "both", "tail")
 
 
 def tables() -> dict[str, str]:
@@ -31,6 +45,52 @@ def tables() -> dict[str, str]:
     }
 
 
-if __name__ == "__main__":
-    for name, text in tables().items():
+def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
+    """The lanes of the e2e timeline: one seed of the headline trainer in its longest-tailed regime
+    (stock with an instant judge, stock, the strategies), rebuilt from the JSON's per-step records."""
+    records = report["records"]
+    trainer = "v1" if any(r["trainer"] == "v1" for r in records) else records[0]["trainer"]
+    seed = min(r["seed"] for r in records if r["trainer"] == trainer)
+    regime = next(g for g in (*TIMELINE_REGIMES, None) if g is None or any(r["regime"] == g for r in records))
+    mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed}
+    lanes = {f"{STOCK}, instant judge": mine.get(("zero", STOCK))}
+    lanes |= {mode: mine.get((regime, mode)) for mode in TIMELINE_MODES}
+    results = {name: ModeResult(r["mode"], r["step_times"], r["phases"], r["blocked"] or [], r["scores"])
+               for name, r in lanes.items() if r is not None}
+    return f"{trainer}, seed {seed}, {regime}", results
+
+
+def draw_e2e_timeline(path: Path = E2E_TIMELINE) -> str:
+    report = json.loads((RESULTS / "e2e.json").read_text())
+    if "setup" not in report:  # the previous format (see bench/e2e.py _legacy_markdown)
+        return "none: e2e.json predates per-run records"
+    title, results = timeline_runs(report)
+    draw_timeline(results, path)
+    return title
+
+
+def write_readme(e2e_table: str, readme: Path = README) -> None:
+    text = readme.read_text()
+    if E2E_BEGIN not in text or E2E_END not in text:
+        raise SystemExit(f"{readme} has no e2e block ({E2E_BEGIN!r} ... {E2E_END!r}); add the two lines first")
+    head, rest = text.split(E2E_BEGIN, 1)
+    _, tail = rest.split(E2E_END, 1)
+    readme.write_text(f"{head}{E2E_BEGIN}\n{e2e_table}{E2E_END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write-readme", action="store_true", help="replace the e2e block of README.md")
+    args = parser.parse_args(argv)
+    all_tables = tables()
+    for name, text in all_tables.items():
         print(f"<!-- {name} -->\n{text}")
+    print(f"timeline ({draw_e2e_timeline()}): {E2E_TIMELINE.relative_to(ROOT)}")
+    if args.write_readme:
+        write_readme(all_tables["e2e"])
+        print(f"README.md: e2e block rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,104 +1,319 @@
-"""bench/e2e.py's pure parts: the run plan and the tables (paired within a seed), on synthetic records."""
+"""bench/e2e.py: the run plan, the regimes, the tables and goals (paired within a seed, two bounds),
+the cache and the README's quotes, on synthetic records; and its --quick smoke on the real trainer."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
-import json
-
-from bench.e2e import learning_table, plan_runs, targets, timing_table
+import bench.e2e as e2e
+from bench.e2e import (
+    REGIMES,
+    Run,
+    goals,
+    learning_table,
+    paired_comparison,
+    plan_cells,
+    plan_runs,
+    record_of,
+    timing_table,
+)
+from tests.conftest import ROOT
+from verl_async_rm.cpu_backend.latency import JudgeModel
 from verl_async_rm.demo import ModeResult
 
-pytestmark = pytest.mark.quick
-
-MODES = ["zero_latency", "baseline", "pipeline", "off_policy", "both"]
+quick = pytest.mark.quick
 
 
-def test_plan_runs_each_combination_once_and_zero_latency_once_per_seed():
-    runs = plan_runs([0, 1], [0.5, 2.0], MODES)
-    assert len(runs) == len(set(runs)) == 2 * (1 + 2 * 4)
-    assert sorted(r for r in runs if r[2] == "zero_latency") == [(0, None, "zero_latency"), (1, None, "zero_latency")]
-    assert [r[0] for r in runs] == [0] * 9 + [1] * 9  # seed by seed, so a partial run is usable
-    assert runs == plan_runs([0, 1], [0.5, 2.0], MODES)  # the shuffle is seeded
+# ---------------------------------------------------------------------------------------------- plan
+
+@quick
+def test_plan_cells_give_every_mode_its_zero_latency_bound_and_failures_their_own_modes():
+    cells = plan_cells(["tail_1x", "heavy_2.5x", "fail20"], ["both", "tail"], ["both_neutral", "both_mask"])
+    assert len(cells) == len(set(cells)) == 3 * 3 + 2
+    for mode in ("baseline", "both", "tail"):
+        assert {("zero", mode), ("tail_1x", mode), ("heavy_2.5x", mode)} <= set(cells)
+    assert [c for c in cells if c[0] == "fail20"] == [("fail20", "both_neutral"), ("fail20", "both_mask")]
 
 
-def record(seed, hi, mode, loop, final=0.4, blocked=0.0):
-    return {"seed": seed, "latency_hi_s": hi, "mode": mode, "loop_time_s": loop, "blocked_per_step_s": blocked,
-            "final_reward": final, "first_reward": 0.25, "result": {"step_times": [loop / 4] * 4}}
+@quick
+def test_plan_runs_blocks_v1_first_calibration_first_and_a_seeded_shuffle():
+    cells = plan_cells(["tail_1x"], ["both"], [])
+    seeds = {"v1": [0, 1, 2], "v0": [0, 1]}
+    runs = plan_runs(seeds, {"v1": cells, "v0": cells}, calibrate={"v1", "v0"})
+    assert len(runs) == len(set(runs)) == 5 * len(cells)
+    blocks = [(runs[i].trainer, runs[i].seed) for i in range(0, len(runs), len(cells))]
+    assert blocks == [("v1", 0), ("v1", 1), ("v0", 0), ("v1", 2), ("v0", 1)]
+    for block in range(5):  # every block is one (trainer, seed): the same data for every mode
+        chunk = runs[block * len(cells):(block + 1) * len(cells)]
+        assert len({(r.trainer, r.seed) for r in chunk}) == 1 and {(r.regime, r.mode) for r in chunk} == set(cells)
+    assert runs[0] == Run("v1", 0, "zero", "baseline")  # v1's calibration
+    assert runs[2 * len(cells)] == Run("v0", 0, "zero", "baseline")  # v0's
+    assert runs == plan_runs(seeds, {"v1": cells, "v0": cells}, calibrate={"v1", "v0"})  # seeded
+    uncalibrated = plan_runs({"v1": [0]}, {"v1": cells}, calibrate=set())
+    assert sorted(uncalibrated) == sorted(runs[:len(cells)])
 
 
-def synthetic():
+@quick
+def test_regimes_scale_with_compute_and_are_valid_judges():
+    compute = 0.8
+    tail = REGIMES["tail_1x"].judge(compute, seed=3)
+    assert tail == {"latency_seed": 3, "latency_model": "uniform", "latency_lo": 0.02, "latency_hi": 0.8}
+    heavy = REGIMES["heavy_2.5x"].judge(compute, seed=3)
+    model = JudgeModel.from_kwargs(heavy)  # the toy reward's own parser accepts every kwarg
+    assert model.latency_p99 == pytest.approx(2.0) and model.latency_p50 == pytest.approx(0.2) and model.hang_prob > 0
+    # hangs are settled by the deadline, the same for every mode of the regime
+    assert REGIMES["heavy_2.5x"].agent(compute) == ["reward.async_agent.request_timeout=4.0",
+                                                     "reward.async_agent.ticket_deadline=4.0"]
+    assert REGIMES["tail_1x"].agent(compute) == []
+    fail = JudgeModel.from_kwargs(REGIMES["fail20"].judge(compute, seed=0))
+    assert fail.fail_prob == 0.2 and not REGIMES["fail20"].timing
+    assert REGIMES["zero"].judge(compute, 0) == {}
+
+
+@quick
+def test_run_keys_change_with_what_a_run_measures():
+    run = Run("v1", 0, "tail_1x", "both")
+    key = e2e.run_key(run, 12, e2e.run_settings(run, 0.8, 0.0), "abc")
+    assert key.startswith("v1_steps12_seed0_tail_1x_both_")
+    assert key != e2e.run_key(run, 12, e2e.run_settings(run, 0.9, 0.0), "abc")  # another C: other latencies
+    assert key != e2e.run_key(run, 12, e2e.run_settings(run, 0.8, 0.0), "abd")  # other package source
+    assert key != e2e.run_key(run, 12, e2e.run_settings(run, 0.8, 0.01), "abc")  # other decode time
+    zero = Run("v1", 0, "zero", "both")
+    assert e2e.run_key(zero, 12, e2e.run_settings(zero, 0.8, 0.0), "abc") == e2e.run_key(zero, 12, e2e.run_settings(zero, 0.9, 0.0), "abc")
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+def rec(trainer, seed, regime, mode, loop, final=0.40, stale=None):
+    return {"trainer": trainer, "seed": seed, "regime": regime, "mode": mode, "loop_time_s": loop,
+            "blocked_per_step_s": 0.0 if mode != "baseline" else None, "final_reward": final, "first_reward": 0.25,
+            "staleness_mean": stale, "staleness_max": None if stale is None else 2 * stale, "groups_carried": None,
+            "groups_dropped_stale": None, "judge": {}, "step_times": [loop / 4] * 4}
+
+
+def synthetic(both_zero=10.0, both_tail=11.0):
+    """Per seed: stock bound 12 s, baseline 30 s at tail_1x; `both` skips stock's per-sample overhead,
+    so its own bound (10 s) is below stock's: against stock it 'hides' > 100%."""
     records = []
-    for seed, zero, base in [(0, 10.0, 30.0), (1, 12.0, 28.0), (2, 11.0, 31.0)]:
-        records.append(record(seed, None, "zero_latency", zero))
-        records.append(record(seed, 2.0, "baseline", base, final=0.40 + 0.01 * seed))
-        # hides 90% of the seed's reward wait, learns 0.02 less than its baseline
-        records.append(record(seed, 2.0, "both", base - 0.9 * (base - zero), final=0.38 + 0.01 * seed, blocked=0.1))
+    for seed, jitter in enumerate([0.0, 0.2, -0.2]):
+        records += [rec("v1", seed, "zero", "baseline", 12.0 + jitter), rec("v1", seed, "zero", "both", both_zero + jitter),
+                    rec("v1", seed, "tail_1x", "baseline", 30.0 + jitter, final=0.40 + 0.01 * seed),
+                    rec("v1", seed, "tail_1x", "both", both_tail + jitter, final=0.41 + 0.01 * seed, stale=0.5)]
     return records
 
 
-def test_timing_table_pairs_ratios_within_a_seed():
-    rows = {row["mode"]: row for row in timing_table(synthetic(), [2.0])}
-    assert rows["both"]["hidden_fraction"] == {"median": 0.9, "min": 0.9, "max": 0.9, "n": 3}
-    reductions = [0.9 * (30 - 10) / 30, 0.9 * (28 - 12) / 28, 0.9 * (31 - 11) / 31]
-    assert rows["both"]["reduction_vs_baseline"]["median"] == pytest.approx(sorted(reductions)[1], abs=1e-3)
-    assert rows["baseline"]["reduction_vs_baseline"] is None and rows["baseline"]["hidden_fraction"] is None
-    assert rows["zero_latency"]["loop_time_s"] == {"median": 11.0, "min": 10.0, "max": 12.0, "n": 3}
+@quick
+def test_hidden_fraction_against_both_bounds_paired_within_a_seed():
+    rows = {(r["regime"], r["mode"]): r for r in timing_table(synthetic())}
+    both = rows["tail_1x", "both"]
+    assert both["hidden_vs_stock_bound"]["median"] == pytest.approx(19 / 18, abs=1e-4)  # > 100%
+    assert both["hidden_vs_same_mode_bound"]["median"] == pytest.approx(19 / 20, abs=1e-4)
+    assert both["reduction_vs_baseline"]["median"] == pytest.approx(1 - 11 / 30, abs=1e-3)
+    assert both["staleness_mean"]["median"] == 0.5 and both["staleness_max"] == 1.0
+    assert rows["zero", "both"]["hidden_vs_stock_bound"] is None  # no wait to hide at zero latency
+    assert rows["zero", "both"]["reduction_vs_baseline"]["median"] == pytest.approx(1 - 10 / 12, abs=1e-3)
+    assert rows["tail_1x", "baseline"]["hidden_vs_same_mode_bound"] is None
 
 
-def test_learning_table_flags_a_consistent_loss_as_worse_beyond_noise():
-    rows = {row["mode"]: row for row in learning_table(synthetic())}
-    diff = rows["both"]["final_minus_baseline"]
-    assert diff["mean"] == pytest.approx(-0.02) and diff["n"] == 3
-    assert rows["both"]["worse_beyond_noise"]  # -0.02 every time: the interval is below 0
-    noisy = synthetic()
-    for rec, delta in zip([r for r in noisy if r["mode"] == "both"], [-0.05, +0.04, +0.01]):
-        rec["final_reward"] = 0.40 + 0.01 * rec["seed"] + delta
-    assert learning_table(noisy)[2]["worse_beyond_noise"] is False
+@quick
+def test_goals_are_judged_against_the_same_mode_bound_and_show_failures():
+    # hides 19/20 = 95% of its own wait: passes; 18.8/20 = 94%: fails, although > 100% against stock
+    met = {g["goal"]: g for g in goals(timing_table(synthetic()), [], [])}
+    hidden = next(g for name, g in met.items() if name.startswith("both hides"))
+    assert hidden["pass"] is True and hidden["vs_stock_bound"]["median"] > 1
+    missed = goals(timing_table(synthetic(both_tail=11.2)), [], [])
+    hidden = next(g for g in missed if g["goal"].startswith("both hides"))
+    assert hidden["pass"] is False and hidden["vs_stock_bound"]["median"] > 1
+    tail = next(g for g in missed if g["goal"].startswith("tail-tolerant"))
+    assert tail["pass"] is None  # not run: reported as not measured, never as a pass
+    never_slower = next(g for g in missed if g["goal"].startswith("strategies never slower"))
+    assert never_slower["pass"] is True
+    slower = goals(timing_table(synthetic(both_zero=12.5)), [], [])  # slower than stock with an instant judge
+    never_slower = next(g for g in slower if g["goal"].startswith("strategies never slower"))
+    assert never_slower["pass"] is False and never_slower["figure"]["regime"] == "zero"
+    text = e2e.markdown({"setup": "s", "timing": [], "learning": [], "comparisons": [], "goals": slower,
+                         "compute_per_step_s": {}})
+    assert "**FAIL**" in text and "not measured" in text
 
 
-def test_targets_apply_to_the_regimes_they_name():
-    rows = timing_table(synthetic(), [2.0])
-    assert targets(rows, compute=1.0, highs=[2.0]) == {"reduction>=40% at hi=2s (both)": True}
-    assert targets(rows, compute=2.0, highs=[2.0]) == {"hidden>=0.9 at hi=2s (both)": True}
+def failure_records(mask_delta):
+    records = synthetic()
+    for seed, delta in enumerate(mask_delta):
+        records += [rec("v1", seed, "fail20", "both_neutral", 0.0, final=0.35 + 0.01 * seed),
+                    rec("v1", seed, "fail20", "both_mask", 0.0, final=0.35 + 0.01 * seed + delta)]
+    return records
 
 
-def test_readme_quotes_the_committed_result_tables():
-    from bench.readme_tables import tables
-    from tests.conftest import ROOT
+@quick
+def test_learning_pairs_failure_runs_with_the_baseline_without_failures_and_mask_with_neutral():
+    records = failure_records([0.03, 0.02, 0.04])
+    rows = {r["run"]: r for r in learning_table(records)}
+    assert rows["both"]["final_minus_baseline"]["mean"] == pytest.approx(0.005) and rows["both"]["final_minus_baseline"]["n"] == 6
+    neutral = rows["both_neutral (20% failures)"]["final_minus_baseline"]
+    assert neutral["mean"] == pytest.approx(-0.05) and neutral["n"] == 3  # vs tail_1x's baseline, same seed
+    assert rows["both_neutral (20% failures)"]["worse_beyond_noise"] is True
+    assert rows["baseline"]["final_minus_baseline"] is None
+    (comparison,) = paired_comparison(records, "both_mask", "both_neutral")
+    assert comparison["interval"]["mean"] == pytest.approx(0.03) and comparison["worse_beyond_noise"] is False
+    (worse,) = paired_comparison(failure_records([-0.03, -0.02, -0.04]), "both_mask", "both_neutral")
+    assert worse["worse_beyond_noise"] is True
+    verdicts = {g["goal"]: g["pass"] for g in goals(timing_table(records), learning_table(records), [comparison, worse])}
+    assert verdicts["both_mask - both_neutral >= 0 within noise (same failures, paired)"] is False  # the worse one wins the key
+    assert verdicts["learning: no run worse than the stock baseline beyond seed noise"] is False
 
-    readme = (ROOT / "README.md").read_text()
-    for name, text in tables().items():
-        assert text in readme, f"README's {name} table is not the committed JSON's: run python bench/readme_tables.py"
+
+@quick
+def test_records_carry_the_trainers_staleness_metrics_and_tolerate_their_absence():
+    summary = ModeResult("tail", [1.0, 1.2, 0.9], {"gen": [0.3] * 3}, [0.1, 0.0, 0.2], [0.2, 0.3, 0.4])
+    extra = e2e.extra_series([{"step": s, "data": {"async_rm/staleness/mean": m, "async_rm/staleness/max": x,
+                                                   "async_rm/groups_carried": c, "critic/score/mean": 0.3}}
+                              for s, (m, x, c) in enumerate([(0.0, 0, 0), (0.5, 1, 2), (1.0, 2, 1)], 1)])
+    assert set(extra) == {"async_rm/staleness/mean", "async_rm/staleness/max", "async_rm/groups_carried"}
+    settings = {"judge": {}, "overrides": [], "decode_s": 0.0}
+    record = record_of(Run("v1", 0, "tail_1x", "tail"), settings, summary, extra, wall=50.0)
+    assert record["staleness_mean"] == 0.5 and record["staleness_max"] == 2 and record["groups_carried"] == 3
+    assert record["groups_dropped_stale"] is None and record["loop_time_s"] == pytest.approx(3.1)
+    bare = record_of(Run("v1", 0, "tail_1x", "baseline"), settings, summary, {}, wall=50.0)
+    assert bare["staleness_mean"] is None and bare["staleness_max"] is None
 
 
-def test_the_script_plans_caches_and_reports(tmp_path, monkeypatch):
-    """main() end to end with the trainer run replaced (the demo's test runs the real one through
-    the same run_mode): every planned run once, then all of them from the cache."""
-    import bench.e2e as e2e
+# ---------------------------------------------------------------------------------------------- main
+
+def fake_execute(calls, compute=0.8):
+    """A trainer whose step takes C plus, for the stock trainer, the judge's top latency; the
+    strategies hide everything. Step counts and judges are those the plan asked for."""
+    def execute(run, steps, settings, run_dir, assets, progress):
+        calls.append((run, settings))
+        judge = settings["judge"]
+        wait = judge.get("latency_hi") or judge.get("latency_p99") or 0.0
+        step = compute + (wait if run.mode == "baseline" else 0.0)
+        extra = {"async_rm/staleness/mean": [0.5] * steps, "async_rm/staleness/max": [1.0] * steps} if run.mode == "tail" else {}
+        return ModeResult(run.mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps,
+                          [0.25 + 0.01 * i for i in range(steps)]), extra, 1.0
+    return execute
+
+
+@quick
+def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
     import verl_async_rm.cpu_backend.launch as launch
 
     calls = []
-
-    def fake_run_mode(out, assets, mode, steps, seed, latency, progress):
-        calls.append((mode, seed, latency))
-        step = 0.8 + (0.0 if mode in ("zero_latency", "off_policy", "both") else latency[1])
-        return ModeResult(mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps, [0.25 + 0.01 * i for i in range(steps)])
-
-    monkeypatch.setattr(e2e, "run_mode", fake_run_mode)
+    monkeypatch.setattr(e2e, "execute", fake_execute(calls))
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: None)
     monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
     out = tmp_path / "e2e.json"
-    argv = ["--steps", "4", "--seeds", "0,1", "--latency-hi", "0.5,1.6", "--modes", "zero_latency,baseline,both,both_k2@1.6",
-            "--out", str(out)]
+    argv = ["--trainers", "v1,v0", "--steps", "4", "--seeds", "0,1", "--v0-seeds", "0", "--regimes", "tail_1x,heavy_2.5x,fail20",
+            "--v0-regimes", "tail_1x", "--out", str(out)]
     assert e2e.main(argv) == 0
-    assert len(calls) == 2 * (1 + 2 * 2 + 1)
-    assert ("both_k2", 0, (0.04, 1.6)) in calls and not any(c[0] == "both_k2" and c[2][1] == 0.5 for c in calls)
-    first = json.loads(out.read_text())
-    assert first["runs_from_cache"] == 0 and first["compute_per_step_s"] == 0.8
-    hidden = {(r["latency_hi_s"], r["mode"]): r["hidden_fraction"] for r in first["timing"]}
-    assert hidden[1.6, "both"]["median"] == 1.0  # the fake hides the whole wait
+    assert len(calls) == 2 * (9 + 2) + 6
+    assert calls[0][0] == Run("v1", 0, "zero", "baseline") and calls[0][1]["judge"] == {}
+    heavy = next(s for r, s in calls if r.regime == "heavy_2.5x")
+    assert heavy["judge"]["latency_p99"] == pytest.approx(2.5 * 0.8)  # from the calibration run's median step
+    assert any("ticket_deadline=4.0" in o for o in heavy["overrides"])
+    report = json.loads(out.read_text())
+    assert report["regime_compute_s"] == {"v1": 0.8, "v0": 0.8} and report["command"].startswith("python bench/e2e.py --trainers")
+    assert report["seeds_run"] == {"v1": [0, 1], "v0": [0]}
+    rows = {(r["trainer"], r["regime"], r["mode"]): r for r in report["timing"]}
+    assert rows["v1", "heavy_2.5x", "tail"]["hidden_vs_same_mode_bound"]["median"] == 1.0
+    assert rows["v1", "heavy_2.5x", "tail"]["staleness_max"] == 1.0
+    verdicts = {(g["trainer"], g["goal"][:12]): g["pass"] for g in report["goals"]}
+    assert verdicts["v1", "both hides >"] is True and verdicts["v1", "tail-toleran"] is True
+    assert verdicts["v0", "tail-toleran"] is None  # v0 ran no heavy regime
+    assert (tmp_path / "e2e_runs" / "records").is_dir()
     calls.clear()
     assert e2e.main(argv) == 0
     again = json.loads(out.read_text())
-    assert calls == [] and again["runs_from_cache"] == len(plan_runs([0, 1], [0.5, 1.6], {"zero_latency": None, "baseline": None, "both": None, "both_k2": {1.6}})) == 12, again["runs_from_cache"]
-    assert again["timing"] == first["timing"]
+    assert calls == [] and again["runs_from_cache"] == 28 and again["timing"] == report["timing"]
+
+
+@quick
+def test_main_skips_modes_not_in_the_tree_reports_failed_runs_and_partial_caches(tmp_path, monkeypatch):
+    import verl_async_rm.cpu_backend.launch as launch
+
+    calls = []
+    inner = fake_execute(calls)
+
+    def flaky(run, *args):
+        if run.mode == "both" and run.regime == "tail_1x":
+            raise RuntimeError("the run failed (rc 1)")
+        return inner(run, *args)
+
+    monkeypatch.setattr(e2e, "execute", flaky)
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: "not merged" if mode == "tail" else None)
+    monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
+    out = tmp_path / "e2e.json"
+    argv = ["--trainers", "v1", "--steps", "2", "--seeds", "0", "--regimes", "tail_1x", "--out", str(out)]
+    assert e2e.main(argv) == 1  # a failed run: reported, the benchmark finished, exit code says so
+    report = json.loads(out.read_text())
+    assert report["skipped"] == {"tail": "not merged"} and not any(r.mode == "tail" for r, _ in calls)
+    assert len(report["failed_runs"]) == 1 and "tail_1x_both" in report["failed_runs"][0]
+    calls.clear()
+    assert e2e.main([*argv, "--cached-only"]) == 0
+    partial = json.loads(out.read_text())
+    assert calls == [] and partial["missing_runs"] == ["v1/s0/tail_1x/both"] and partial["runs_from_cache"] == 3
+
+
+@quick
+def test_bad_arguments_are_refused(tmp_path):
+    for argv in (["--trainers", "v2"], ["--regimes", "tail_9x"], ["--strategies", "fastest"]):
+        with pytest.raises(SystemExit):
+            e2e.main([*argv, "--out", str(tmp_path / "x.json"), "--dry-run"])
+
+
+# ---------------------------------------------------------------------------------------------- README
+
+@quick
+def test_readme_quotes_the_committed_result_tables():
+    from bench.readme_tables import tables
+
+    readme = (ROOT / "README.md").read_text()
+    for name, text in tables().items():
+        assert text in readme, f"README's {name} table is not the committed JSON's: run python bench/readme_tables.py --write-readme"
+
+
+@quick
+def test_write_readme_replaces_only_the_e2e_block(tmp_path):
+    from bench.readme_tables import E2E_BEGIN, E2E_END, write_readme
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{E2E_BEGIN}\nold table\n{E2E_END}\nafter\n")
+    write_readme("| new |\n", readme)
+    assert readme.read_text() == f"intro\n{E2E_BEGIN}\n| new |\n{E2E_END}\nafter\n"
+    readme.write_text("no block")
+    with pytest.raises(SystemExit):
+        write_readme("| new |\n", readme)
+
+
+@quick
+def test_timeline_lanes_come_from_one_seed_of_the_headline_trainer():
+    from bench.readme_tables import timeline_runs
+
+    def full(r):
+        return r | {"phases": {"gen": [0.1] * 4}, "blocked": [], "scores": [0.3] * 4}
+
+    records = [full(r) for r in synthetic()] + [full(rec("v0", 0, "tail_1x", "both", 9.0))]
+    title, results = timeline_runs({"records": records})
+    assert title == "v1, seed 0, tail_1x"
+    assert list(results) == ["baseline, instant judge", "baseline", "both"]
+    assert results["both"].loop_time == pytest.approx(11.0)
+
+
+# ---------------------------------------------------------------------------------------------- smoke
+
+@pytest.mark.slow
+@pytest.mark.trainer
+def test_quick_benchmark_runs_verls_trainer_and_writes_its_report(tmp_path):
+    out = tmp_path / "e2e.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.with_name("e2e_quick.json").read_text())
+    assert len(report["records"]) == 2 and not report["failed_runs"]
+    assert report["regime_compute_s"]["v1"] > 0 and report["records"][0]["regime"] == "zero"
+    heavy = report["records"][1]
+    assert heavy["judge"]["latency_model"] == "lognormal" and len(heavy["step_times"]) == 2
+    assert "[PASS]" in result.stdout or "[FAIL]" in result.stdout or "[NOT MEASURED]" in result.stdout
