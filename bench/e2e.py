@@ -247,11 +247,18 @@ def extra_series(metrics: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def execute(run: Run, steps: int, settings: dict, run_dir: Path, assets, progress: bool) -> tuple[ModeResult, dict, float]:
+def decode_env() -> Optional[str]:
+    """The CPU rollout's simulated per-token decode time (the trainer branch's), or None before it."""
+    from verl_async_rm.cpu_backend import names
+
+    return getattr(names, "DECODE_S_ENV", None)
+
+
+def execute(run: Run, steps: int, settings: dict, run_dir: Path, assets, progress: bool) -> tuple[ModeResult, dict, float, dict]:
     """One training run, started the same way for every mode: a fresh folder, verl's main_ppo entry
-    (ours), its own Ray cluster. Returns the demo's summary, the extra metric series, the wall time."""
+    (ours), its own Ray cluster. Returns the demo's summary, the extra metric series, the wall time
+    and the machine's load around the run."""
     from verl_async_rm.cpu_backend.launch import CPURunConfig, read_all_metrics, run as launch, toy_reward_path
-    from verl_async_rm.cpu_backend.names import DECODE_S_ENV
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a run interrupted mid-way starts over, never resumes
     cfg = CPURunConfig(
@@ -259,21 +266,22 @@ def execute(run: Run, steps: int, settings: dict, run_dir: Path, assets, progres
         model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file, val_before_train=True,
         reward_path=toy_reward_path(), reward_name="compute_score_with_latency", reward_kwargs=settings["judge"],
         reward_manager="async_agent", timeout_s=1800, v1_poll_interval_s=V1_POLL_S,
-        extra_env={DECODE_S_ENV: str(settings["decode_s"])} if settings["decode_s"] else {},
+        extra_env={decode_env(): str(settings["decode_s"])} if settings["decode_s"] else {},
         extra_overrides=settings["overrides"],
     )
-    started = time.monotonic()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
     result = launch(cfg, progress=progress)
     wall = time.monotonic() - started
+    load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
     if not result.ok:
         raise RuntimeError(f"{run} failed (rc {result.returncode}); log: {result.log_path}")
     summary = summarize(run.mode, result)
     if len(summary.step_times) != steps:
         raise RuntimeError(f"{run} logged {len(summary.step_times)} of {steps} steps; log: {result.log_path}")
-    return summary, extra_series(read_all_metrics(str(run_dir))), wall
+    return summary, extra_series(read_all_metrics(str(run_dir))), wall, load
 
 
-def record_of(run: Run, settings: dict, summary: ModeResult, extra: dict, wall: float) -> dict:
+def record_of(run: Run, settings: dict, summary: ModeResult, extra: dict, wall: float, load: Optional[dict] = None) -> dict:
     def last(key, how):
         values = extra.get(key)
         return how(values) if values else None
@@ -290,7 +298,8 @@ def record_of(run: Run, settings: dict, summary: ModeResult, extra: dict, wall: 
         "groups_carried": last("async_rm/groups_carried", sum),
         "groups_dropped_stale": last("async_rm/groups_dropped_stale", sum),
         "step_times": summary.step_times, "phases": summary.phases, "blocked": summary.blocked, "scores": summary.scores,
-        "extra": extra,
+        # the shared machine's 1-min load average around the run (other engineers' jobs): context for outliers
+        "machine_load": load, "extra": extra,
     }
 
 
@@ -577,7 +586,8 @@ def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, 
     report = {
         "command": command,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "load_avg_at_end": os.getloadavg()},
+                    "load_avg_at_end": os.getloadavg(),
+                    "load_1min_around_runs": spread([v for r in records for v in (r.get("machine_load") or {}).values()])},
         "source_fingerprint": fingerprint, "steps": steps, "seeds_planned": seeds, "seeds_run": seeds_run,
         "regimes": regimes, "regime_definitions": {n: asdict(REGIMES[n]) for n in regimes},
         "regime_compute_s": regime_compute, "compute_per_step_s": compute_per_step(records),
@@ -650,6 +660,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for mode in strategies + failure_modes:
         if mode not in MODES or mode == STOCK:
             parser.error(f"unknown mode {mode!r}: choose from {[m for m in MODES if m != STOCK]}")
+    if args.decode_s and decode_env() is None:
+        parser.error("--decode-s: this tree's CPU rollout has no simulated decode time")
     skipped = {m: why for m in dict.fromkeys(strategies + failure_modes) if (why := mode_unavailable(m))}
     for mode, why in skipped.items():
         print(f"SKIPPING {mode}: {why}", flush=True)
@@ -695,12 +707,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             assets = prepare_assets(CPURunConfig(out_dir=str(work / f"assets_seed{run.seed}"), seed=run.seed))
             try:
-                summary, extra, wall = execute(run, args.steps, settings, work / key, assets, args.progress)
+                summary, extra, wall, load = execute(run, args.steps, settings, work / key, assets, args.progress)
             except RuntimeError as error:  # one broken run must not end the benchmark: reported at the end
                 print(f"[{index}/{len(runs)}] {key}: FAILED: {error}", flush=True)
                 failed.append(f"{key}: {error}")
                 continue
-            record = record_of(run, settings, summary, extra, wall)
+            record = record_of(run, settings, summary, extra, wall, load)
             cached.write_text(json.dumps(record))
             print(f"[{index}/{len(runs)}] {key}: loop {record['loop_time_s']:.1f} s (run {wall:.0f} s), final reward "
                   f"{record['final_reward']:.3f} ({(time.time() - started) / 60:.1f} min elapsed)", flush=True)

@@ -193,7 +193,7 @@ def fake_execute(calls, compute=0.8):
         step = compute + (wait if run.mode == "baseline" else 0.0)
         extra = {"async_rm/staleness/mean": [0.5] * steps, "async_rm/staleness/max": [1.0] * steps} if run.mode == "tail" else {}
         return ModeResult(run.mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps,
-                          [0.25 + 0.01 * i for i in range(steps)]), extra, 1.0
+                          [0.25 + 0.01 * i for i in range(steps)]), extra, 1.0, {"load_1min_before": 1.0, "load_1min_after": 1.0}
     return execute
 
 
