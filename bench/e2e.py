@@ -254,41 +254,121 @@ def decode_env() -> Optional[str]:
     return getattr(names, "DECODE_S_ENV", None)
 
 
-def execute(run: Run, steps: int, settings: dict, run_dir: Path, assets, progress: bool) -> tuple[ModeResult, dict, float, dict]:
-    """One training run, started the same way for every mode: a fresh folder, verl's main_ppo entry
-    (ours), its own Ray cluster. Returns the demo's summary, the extra metric series, the wall time
-    and the machine's load around the run."""
-    from verl_async_rm.cpu_backend.launch import CPURunConfig, read_all_metrics, run as launch, toy_reward_path
+@dataclass
+class Job:
+    """A run to execute now, with everything it needs."""
 
-    shutil.rmtree(run_dir, ignore_errors=True)  # a run interrupted mid-way starts over, never resumes
-    cfg = CPURunConfig(
-        out_dir=str(run_dir), trainer=run.trainer, steps=steps, seed=run.seed, entry_module="verl_async_rm.main_ppo",
-        model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file, val_before_train=True,
-        reward_path=toy_reward_path(), reward_name="compute_score_with_latency", reward_kwargs=settings["judge"],
+    run: Run
+    settings: dict
+    run_dir: Path
+    assets: object  # CPURunConfig with model_dir / train_file / val_file
+
+
+@dataclass
+class Outcome:
+    summary: ModeResult
+    extra: dict
+    wall_s: float  # start-up plus training (a gated run's wait at the gate left out)
+    load: dict  # the machine's 1-min load average before and after the training
+    startup_s: Optional[float] = None  # a gated run: launch to waiting at the gate (Ray, workers, validation)
+
+
+def run_config(job: Job, steps: int, start_gate: bool = False):
+    """The trainer run of ``job``: identical for every mode but for the mode's own overrides."""
+    from verl_async_rm.cpu_backend.launch import CPURunConfig, toy_reward_path
+
+    gate = {"start_gate": True} if start_gate else {}
+    return CPURunConfig(
+        out_dir=str(job.run_dir), trainer=job.run.trainer, steps=steps, seed=job.run.seed, entry_module="verl_async_rm.main_ppo",
+        model_dir=job.assets.model_dir, train_file=job.assets.train_file, val_file=job.assets.val_file, val_before_train=True,
+        reward_path=toy_reward_path(), reward_name="compute_score_with_latency", reward_kwargs=job.settings["judge"],
         reward_manager="async_agent", timeout_s=1800, v1_poll_interval_s=V1_POLL_S,
-        extra_env={decode_env(): str(settings["decode_s"])} if settings["decode_s"] else {},
-        extra_overrides=settings["overrides"],
+        extra_env={decode_env(): str(job.settings["decode_s"])} if job.settings["decode_s"] else {},
+        extra_overrides=job.settings["overrides"], **gate,
     )
-    started, load_before = time.monotonic(), os.getloadavg()[0]
-    result = launch(cfg, progress=progress)
-    wall = time.monotonic() - started
-    load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
+
+
+def start_gate_supported() -> bool:
+    """Whether the CPU backend can start several runs together and train them one at a time (the demo
+    helper's start gate, cpu_backend/start_gate.py)."""
+    from dataclasses import fields
+
+    from verl_async_rm.cpu_backend import launch
+
+    return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
+
+
+def _outcome(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None) -> Outcome:
+    from verl_async_rm.cpu_backend.launch import read_all_metrics
+
     if not result.ok:
-        raise RuntimeError(f"{run} failed (rc {result.returncode}); log: {result.log_path}")
-    summary = summarize(run.mode, result)
+        raise RuntimeError(f"{job.run} failed (rc {result.returncode}); log: {result.log_path}")
+    summary = summarize(job.run.mode, result)
     if len(summary.step_times) != steps:
-        raise RuntimeError(f"{run} logged {len(summary.step_times)} of {steps} steps; log: {result.log_path}")
-    return summary, extra_series(read_all_metrics(str(run_dir))), wall, load
+        raise RuntimeError(f"{job.run} logged {len(summary.step_times)} of {steps} steps; log: {result.log_path}")
+    return Outcome(summary, extra_series(read_all_metrics(str(job.run_dir))), round(wall_s, 1), load,
+                   None if startup_s is None else round(startup_s, 1))
 
 
-def record_of(run: Run, settings: dict, summary: ModeResult, extra: dict, wall: float, load: Optional[dict] = None) -> dict:
+def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) -> list:
+    """Run ``jobs``; per job an Outcome, or the exception that ended it (one broken run must not end
+    the benchmark). Every run starts its own Ray cluster in a fresh folder (an interrupted run starts
+    over, never resumes). With the start gate and ``parallel`` > 1 the group starts up together (verl's
+    start-up leaves the cores idle between stages) and then trains one run at a time, in plan order:
+    no two measured training loops overlap, and every mode is treated the same way."""
+    from verl_async_rm.cpu_backend import launch
+
+    for job in jobs:
+        shutil.rmtree(job.run_dir, ignore_errors=True)
+    if parallel <= 1 or len(jobs) == 1 or not start_gate_supported():
+        outcomes = []
+        for job in jobs:
+            started, load_before = time.monotonic(), os.getloadavg()[0]
+            try:
+                result = launch.run(run_config(job, steps), progress=progress)
+                load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
+                outcomes.append(_outcome(job, steps, result, time.monotonic() - started, load))
+            except RuntimeError as error:
+                outcomes.append(error)
+        return outcomes
+    trainers = []
+    try:
+        for job in jobs:
+            trainers.append(launch.start(run_config(job, steps, start_gate=True), progress=progress))
+        while not all(t.at_gate or t.poll() for t in trainers):
+            time.sleep(0.2)
+        outcomes = []
+        for job, trainer in zip(jobs, trainers):
+            if trainer.gate_reached_s is None:
+                trainer.close()
+                outcomes.append(RuntimeError(f"{job.run} ended before training (rc {trainer.result().returncode}); "
+                                             f"log: {trainer.log_path}"))
+                continue
+            load_before = os.getloadavg()[0]
+            trainer.open_gate()
+            result = trainer.wait(0.2)
+            load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
+            wall = trainer.gate_reached_s + (trainer.ended_s - trainer.gate_opened_s)
+            try:
+                outcomes.append(_outcome(job, steps, result, wall, load, trainer.gate_reached_s))
+            except RuntimeError as error:
+                outcomes.append(error)
+        return outcomes
+    finally:
+        for trainer in trainers:
+            trainer.close()
+
+
+def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
+    summary, extra = outcome.summary, outcome.extra
+
     def last(key, how):
         values = extra.get(key)
         return how(values) if values else None
 
     return {
         **asdict(run), "judge": settings["judge"], "overrides": settings["overrides"], "decode_s": settings["decode_s"],
-        "loop_time_s": summary.loop_time, "run_wall_s": round(wall, 1),
+        "loop_time_s": summary.loop_time, "run_wall_s": outcome.wall_s, "startup_s": outcome.startup_s,
         "blocked_per_step_s": float(np.mean(summary.blocked)) if summary.blocked else None,
         "final_reward": float(np.mean(summary.scores[-FINAL_STEPS:])),
         "first_reward": float(np.mean(summary.scores[:FINAL_STEPS])),
@@ -299,7 +379,7 @@ def record_of(run: Run, settings: dict, summary: ModeResult, extra: dict, wall: 
         "groups_dropped_stale": last("async_rm/groups_dropped_stale", sum),
         "step_times": summary.step_times, "phases": summary.phases, "blocked": summary.blocked, "scores": summary.scores,
         # the shared machine's 1-min load average around the run (other engineers' jobs): context for outliers
-        "machine_load": load, "extra": extra,
+        "machine_load": outcome.load, "extra": extra,
     }
 
 
@@ -556,7 +636,10 @@ def markdown(report: dict) -> str:
 def setup_text(report: dict) -> str:
     seeds = ", ".join(f"{t}: {len(s)} seed{'s' if len(s) != 1 else ''} ({','.join(map(str, s))})"
                       for t, s in report["seeds_run"].items())
-    compute = ", ".join(f"{t} {c} s" for t, c in report["regime_compute_s"].items())
+    measured = report["compute_per_step_s"]
+    compute = ", ".join(f"{t} {c} s" + (f" (median over all its stock zero-latency runs: {measured[t]} s)"
+                                        if measured.get(t) and measured[t] != c else "")
+                        for t, c in report["regime_compute_s"].items())
     regimes = "; ".join(f"`{name}`: {REGIMES[name].describe()}" for name in report["regimes"])
     return (f"{report['steps']} steps per run; {seeds}; C (step compute the regimes scale with) = {compute}; "
             f"regimes: {regimes}. Cells: median [min, max] over seeds, ratios paired within a seed.")
@@ -639,6 +722,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--work", help="run folders and the per-run cache (default: <out>_runs/)")
     parser.add_argument("--out", default=str(RESULTS / "e2e.json"))
     parser.add_argument("--progress", action="store_true", help="per-step progress of each run")
+    parser.add_argument("--parallel-startups", type=int, default=3,
+                        help="runs started up together, then trained one at a time (needs the CPU backend's start gate)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and an estimate, run nothing")
     parser.add_argument("--cached-only", action="store_true",
                         help="report from the cached runs only (a partial benchmark: the rest are listed as not run)")
@@ -690,36 +775,57 @@ def main(argv: Optional[list[str]] = None) -> int:
     records, failed, missing = [], [], []
     started, from_cache = time.time(), 0
     regime_compute = dict(fixed)
+    pending: list[tuple[int, Job, str]] = []
+
+    def flush() -> None:
+        """Execute the pending runs (together, when the start gate allows), cache and record them."""
+        if not pending:
+            return
+        outcomes = execute_group([job for _, job, _ in pending], args.steps, args.progress, args.parallel_startups)
+        for (index, job, key), outcome in zip(pending, outcomes):
+            if isinstance(outcome, Exception):  # reported at the end; the rest of the benchmark goes on
+                print(f"[{index}/{len(runs)}] {key}: FAILED: {outcome}", flush=True)
+                failed.append(f"{key}: {outcome}")
+                continue
+            record = record_of(job.run, job.settings, outcome)
+            (cache / f"{key}.json").write_text(json.dumps(record))
+            records.append(record)
+            print(f"[{index}/{len(runs)}] {key}: loop {record['loop_time_s']:.1f} s (run {outcome.wall_s:.0f} s), "
+                  f"final reward {record['final_reward']:.3f} ({(time.time() - started) / 60:.1f} min elapsed)", flush=True)
+            calibrate_from(record)
+        pending.clear()
+
+    def calibrate_from(record: dict) -> None:
+        """The first stock zero-latency run of a trainer without a fixed C measures it."""
+        trainer = record["trainer"]
+        if trainer not in regime_compute and record["regime"] == "zero" and record["mode"] == STOCK:
+            regime_compute[trainer] = round(float(np.median(record["step_times"])), 3)
+            print(f"calibration: {trainer} step compute C = {regime_compute[trainer]} s", flush=True)
+
     for index, run in enumerate(runs, 1):
-        if run.trainer not in regime_compute and not (run.regime == "zero" and run.mode == STOCK):
+        calibration = run.trainer not in regime_compute and run.regime == "zero" and run.mode == STOCK
+        if calibration:
+            flush()
+        if run.trainer not in regime_compute and not calibration:
             missing.append(f"{run.trainer}/s{run.seed}/{run.regime}/{run.mode}")  # its calibration failed
             continue
         settings = run_settings(run, regime_compute.get(run.trainer, 0.0), args.decode_s)
         key = run_key(run, args.steps, settings, fingerprint)
         cached = cache / f"{key}.json"
         if cached.exists():
-            record = json.loads(cached.read_text())
+            records.append(json.loads(cached.read_text()))
             from_cache += 1
             print(f"[{index}/{len(runs)}] {key}: cached", flush=True)
-        elif args.cached_only:
+            calibrate_from(records[-1])
+            continue
+        if args.cached_only:
             missing.append(f"{run.trainer}/s{run.seed}/{run.regime}/{run.mode}")
             continue
-        else:
-            assets = prepare_assets(CPURunConfig(out_dir=str(work / f"assets_seed{run.seed}"), seed=run.seed))
-            try:
-                summary, extra, wall, load = execute(run, args.steps, settings, work / key, assets, args.progress)
-            except RuntimeError as error:  # one broken run must not end the benchmark: reported at the end
-                print(f"[{index}/{len(runs)}] {key}: FAILED: {error}", flush=True)
-                failed.append(f"{key}: {error}")
-                continue
-            record = record_of(run, settings, summary, extra, wall, load)
-            cached.write_text(json.dumps(record))
-            print(f"[{index}/{len(runs)}] {key}: loop {record['loop_time_s']:.1f} s (run {wall:.0f} s), final reward "
-                  f"{record['final_reward']:.3f} ({(time.time() - started) / 60:.1f} min elapsed)", flush=True)
-        records.append(record)
-        if run.trainer not in regime_compute and run.regime == "zero" and run.mode == STOCK:
-            regime_compute[run.trainer] = round(float(np.median(record["step_times"])), 3)
-            print(f"calibration: {run.trainer} step compute C = {regime_compute[run.trainer]} s", flush=True)
+        assets = prepare_assets(CPURunConfig(out_dir=str(work / f"assets_seed{run.seed}"), seed=run.seed))
+        pending.append((index, Job(run, settings, work / key, assets), key))
+        if calibration or len(pending) >= args.parallel_startups:
+            flush()
+    flush()
 
     report = build_report(records, command=command, steps=args.steps, seeds=seeds,
                           regimes=list(dict.fromkeys(r for rs in regimes_of.values() for r in rs)) if not args.quick else ["heavy_2.5x"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -174,27 +175,35 @@ def test_records_carry_the_trainers_staleness_metrics_and_tolerate_their_absence
                               for s, (m, x, c) in enumerate([(0.0, 0, 0), (0.5, 1, 2), (1.0, 2, 1)], 1)])
     assert set(extra) == {"async_rm/staleness/mean", "async_rm/staleness/max", "async_rm/groups_carried"}
     settings = {"judge": {}, "overrides": [], "decode_s": 0.0}
-    record = record_of(Run("v1", 0, "tail_1x", "tail"), settings, summary, extra, wall=50.0)
+    record = record_of(Run("v1", 0, "tail_1x", "tail"), settings, e2e.Outcome(summary, extra, 50.0, {}))
     assert record["staleness_mean"] == 0.5 and record["staleness_max"] == 2 and record["groups_carried"] == 3
     assert record["groups_dropped_stale"] is None and record["loop_time_s"] == pytest.approx(3.1)
-    bare = record_of(Run("v1", 0, "tail_1x", "baseline"), settings, summary, {}, wall=50.0)
+    bare = record_of(Run("v1", 0, "tail_1x", "baseline"), settings, e2e.Outcome(summary, {}, 50.0, {}))
     assert bare["staleness_mean"] is None and bare["staleness_max"] is None
 
 
 # ---------------------------------------------------------------------------------------------- main
 
-def fake_execute(calls, compute=0.8):
-    """A trainer whose step takes C plus, for the stock trainer, the judge's top latency; the
-    strategies hide everything. Step counts and judges are those the plan asked for."""
-    def execute(run, steps, settings, run_dir, assets, progress):
-        calls.append((run, settings))
-        judge = settings["judge"]
-        wait = judge.get("latency_hi") or judge.get("latency_p99") or 0.0
-        step = compute + (wait if run.mode == "baseline" else 0.0)
-        extra = {"async_rm/staleness/mean": [0.5] * steps, "async_rm/staleness/max": [1.0] * steps} if run.mode == "tail" else {}
-        return ModeResult(run.mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps,
-                          [0.25 + 0.01 * i for i in range(steps)]), extra, 1.0, {"load_1min_before": 1.0, "load_1min_after": 1.0}
-    return execute
+def fake_execute(calls, compute=0.8, fail=lambda run: False):
+    """execute_group with a trainer whose step takes C plus, for the stock trainer, the judge's top
+    latency; the strategies hide everything. Step counts and judges are those the plan asked for."""
+    def execute_group(jobs, steps, progress, parallel):
+        assert 1 <= len(jobs) <= parallel
+        outcomes = []
+        for job in jobs:
+            calls.append((job.run, job.settings))
+            if fail(job.run):
+                outcomes.append(RuntimeError("the run failed (rc 1)"))
+                continue
+            judge = job.settings["judge"]
+            wait = judge.get("latency_hi") or judge.get("latency_p99") or 0.0
+            step = compute + (wait if job.run.mode == "baseline" else 0.0)
+            extra = {"async_rm/staleness/mean": [0.5] * steps, "async_rm/staleness/max": [1.0] * steps} if job.run.mode == "tail" else {}
+            summary = ModeResult(job.run.mode, [step] * steps, {"gen": [0.3] * steps}, [0.01] * steps,
+                                 [0.25 + 0.01 * i for i in range(steps)])
+            outcomes.append(e2e.Outcome(summary, extra, 1.0, {"load_1min_before": 1.0, "load_1min_after": 1.0}))
+        return outcomes
+    return execute_group
 
 
 @quick
@@ -202,7 +211,7 @@ def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
     import verl_async_rm.cpu_backend.launch as launch
 
     calls = []
-    monkeypatch.setattr(e2e, "execute", fake_execute(calls))
+    monkeypatch.setattr(e2e, "execute_group", fake_execute(calls))
     monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: None)
     monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
     out = tmp_path / "e2e.json"
@@ -235,14 +244,7 @@ def test_main_skips_modes_not_in_the_tree_reports_failed_runs_and_partial_caches
     import verl_async_rm.cpu_backend.launch as launch
 
     calls = []
-    inner = fake_execute(calls)
-
-    def flaky(run, *args):
-        if run.mode == "both" and run.regime == "tail_1x":
-            raise RuntimeError("the run failed (rc 1)")
-        return inner(run, *args)
-
-    monkeypatch.setattr(e2e, "execute", flaky)
+    monkeypatch.setattr(e2e, "execute_group", fake_execute(calls, fail=lambda run: run.mode == "both" and run.regime == "tail_1x"))
     monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: "not merged" if mode == "tail" else None)
     monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
     out = tmp_path / "e2e.json"
@@ -317,3 +319,41 @@ def test_quick_benchmark_runs_verls_trainer_and_writes_its_report(tmp_path):
     heavy = report["records"][1]
     assert heavy["judge"]["latency_model"] == "lognormal" and len(heavy["step_times"]) == 2
     assert "[PASS]" in result.stdout or "[FAIL]" in result.stdout or "[NOT MEASURED]" in result.stdout
+
+
+def fake_result(steps, rc=0, log="train-0.log"):
+    from verl_async_rm.cpu_backend.launch import RunResult
+
+    metrics = [{"step": s, "data": {"timing_s/step": 1.0, "critic/score/mean": 0.3, "async_reward/blocked_s": 0.1,
+                                    "async_rm/staleness/max": 1}} for s in range(1, steps + 1)]
+    return RunResult(rc, 10.0, metrics, "", log, [])
+
+
+@quick
+def test_execute_group_without_the_start_gate_runs_in_fresh_folders_and_reports_each_failure(tmp_path, monkeypatch):
+    import verl_async_rm.cpu_backend.launch as launch
+
+    jobs = []
+    for i, mode in enumerate(["baseline", "both", "tail"]):
+        run_dir = tmp_path / mode
+        run_dir.mkdir()
+        (run_dir / "metrics-0.jsonl").write_text('{"step": 1, "data": {"async_rm/staleness/max": 9}}\n')  # a stale run
+        assets = launch.CPURunConfig(out_dir=str(tmp_path), model_dir="m", train_file="t", val_file="v")
+        jobs.append(e2e.Job(Run("v1", 0, "tail_1x", mode), e2e.run_settings(Run("v1", 0, "tail_1x", mode), 0.8, 0.0), run_dir, assets))
+    seen = []
+
+    def fake_run(cfg, progress=True):
+        seen.append(cfg)
+        assert not list(Path(cfg.out_dir).glob("metrics-*"))  # the old run's files are gone
+        mode = Path(cfg.out_dir).name
+        return {"baseline": fake_result(3), "both": fake_result(3, rc=1), "tail": fake_result(2)}[mode]
+
+    monkeypatch.setattr(launch, "run", fake_run)
+    monkeypatch.setattr(e2e, "start_gate_supported", lambda: False)
+    outcomes = e2e.execute_group(jobs, steps=3, progress=False, parallel=3)
+    assert isinstance(outcomes[0], e2e.Outcome) and outcomes[0].summary.loop_time == 3.0
+    assert isinstance(outcomes[1], RuntimeError) and "rc 1" in str(outcomes[1])
+    assert isinstance(outcomes[2], RuntimeError) and "2 of 3 steps" in str(outcomes[2])
+    # every mode's run is configured alike: the same data, judge entry point, agent settings, poll interval
+    assert {(c.trainer, c.seed, c.train_file, c.reward_name, c.v1_poll_interval_s) for c in seen} == {("v1", 0, "t", "compute_score_with_latency", e2e.V1_POLL_S)}
+    assert all(c.extra_overrides[-len(e2e.AGENT):] == e2e.AGENT for c in seen)
