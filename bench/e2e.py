@@ -71,10 +71,11 @@ GOAL_TAIL_HIDDEN = 0.90  # the tail-tolerant mode, heavy-tailed latency with p99
 AGENT = ["reward.async_agent.max_concurrency=64"]
 V1_POLL_S = 0.05  # v1's replay-buffer poll (verl's fixed 2 s would swamp ~1 s steps), for every v1 run
 
-# The modes (hydra overrides on top of the stock trainer). Strategy options of the trainer branch
-# (issue 14): off_policy_steps=auto sizes generation-ahead from measured latency; max_staleness bounds
-# how many steps a group may be carried. Failure policies are agent settings.
-TAIL = ["mini_batch_pipeline=true", "off_policy_steps=auto", "max_staleness=2", "on_stale=wait"]
+# The modes (hydra overrides on top of the stock trainer). The tail-tolerant mode (issue 14): a pool of
+# scored groups, generation ahead sized from measured latency (off_policy_steps=auto), a group carried
+# at most 2 steps, then waited for (nothing dropped). The pool is v1 only and excludes the mini-batch
+# pipeline (strategies/plan.py refuses both). Failure policies are agent settings.
+TAIL = ["off_policy_steps=auto", "max_staleness=2", "on_stale=wait"]
 MODES: dict[str, list[str]] = {
     STOCK: [],
     **{m: o for m, o in DEMO_MODES.items() if m not in ("zero_latency", STOCK)},
@@ -154,10 +155,14 @@ class Run:
     mode: str
 
 
-def mode_unavailable(mode: str) -> Optional[str]:
-    """Why this tree cannot run ``mode`` yet (its feature not merged), or None. Checked up front so a
-    missing feature skips its runs loudly instead of failing each of them after verl's start-up."""
+def mode_unavailable(mode: str, trainer: str = "v1") -> Optional[str]:
+    """Why this tree cannot run ``mode`` on ``trainer`` (its feature not merged, or refused there), or
+    None. Checked up front so such runs are skipped loudly instead of failing after verl's start-up."""
     overrides = " ".join(MODES[mode])
+    if trainer == "v0" and "max_staleness" in overrides:
+        return "the staleness pool runs on the v1 trainer only (strategies/plan.py)"
+    if trainer == "v1" and any(f"off_policy_steps={k}" in overrides for k in range(2, 10)):
+        return "v1 prefetches one batch at most (strategies/plan.py)"
     if "max_staleness" in overrides:
         settings = (ROOT / "verl_async_rm" / "hydra_conf" / "async_reward_settings.yaml").read_text()
         if "max_staleness:" not in settings:
@@ -375,8 +380,10 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         # the trainer branch's staleness pool (None until it is merged, and for the stock trainer)
         "staleness_mean": last("async_rm/staleness/mean", lambda v: float(np.mean(v))),
         "staleness_max": last("async_rm/staleness/max", max),
-        "groups_carried": last("async_rm/groups_carried", sum),
-        "groups_dropped_stale": last("async_rm/groups_dropped_stale", sum),
+        # cumulative counters in the trainer's metrics: the run's total is the last step's value
+        "groups_carried": last("async_rm/groups_carried", lambda v: v[-1]),
+        "groups_dropped_stale": last("async_rm/groups_dropped_stale", lambda v: v[-1]),
+        "off_policy_steps_chosen": last("async_rm/off_policy_steps", lambda v: float(np.mean(v))),
         "step_times": summary.step_times, "phases": summary.phases, "blocked": summary.blocked, "scores": summary.scores,
         # the shared machine's 1-min load average around the run (other engineers' jobs): context for outliers
         "machine_load": outcome.load, "extra": extra,
@@ -649,7 +656,7 @@ def print_report(report: dict) -> None:
     print()
     print(markdown(report))
     if report["skipped"]:
-        print("SKIPPED (feature not in this tree): " + "; ".join(f"{m}: {why}" for m, why in report["skipped"].items()))
+        print("SKIPPED: " + "; ".join(f"{m}: {why}" for m, why in report["skipped"].items()))
     if report["failed_runs"]:
         print("FAILED RUNS: " + "; ".join(report["failed_runs"]))
     if report["missing_runs"]:
@@ -747,15 +754,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(f"unknown mode {mode!r}: choose from {[m for m in MODES if m != STOCK]}")
     if args.decode_s and decode_env() is None:
         parser.error("--decode-s: this tree's CPU rollout has no simulated decode time")
-    skipped = {m: why for m in dict.fromkeys(strategies + failure_modes) if (why := mode_unavailable(m))}
-    for mode, why in skipped.items():
-        print(f"SKIPPING {mode}: {why}", flush=True)
-    strategies = [m for m in strategies if m not in skipped]
-    failure_modes = [m for m in failure_modes if m not in skipped]
+    skipped = {f"{m} on {t}": why for t in trainers for m in dict.fromkeys(strategies + failure_modes)
+               if (why := mode_unavailable(m, t))}
+    for what, why in skipped.items():
+        print(f"SKIPPING {what}: {why}", flush=True)
+
+    def usable(modes: list[str], trainer: str) -> list[str]:
+        return [m for m in modes if f"{m} on {trainer}" not in skipped]
+
     if args.quick:
-        cells = {"v1": [("zero", STOCK), ("heavy_2.5x", "tail" if "tail" in strategies else "both")]}
+        cells = {"v1": [("zero", STOCK), ("heavy_2.5x", "tail" if usable(["tail"], "v1") else "both")]}
     else:
-        cells = {t: plan_cells(regimes_of[t], strategies, failure_modes) for t in trainers}
+        cells = {t: plan_cells(regimes_of[t], usable(strategies, t), usable(failure_modes, t)) for t in trainers}
     fixed = parse_compute(args.compute)
     runs = plan_runs(seeds, cells, calibrate={t for t in trainers if t not in fixed})
     print(f"{len(runs)} runs of {args.steps} steps ({', '.join(f'{t}: {len(seeds[t])} seeds x {len(cells[t])}' for t in trainers)}); "

@@ -172,7 +172,7 @@ def test_records_carry_the_trainers_staleness_metrics_and_tolerate_their_absence
     summary = ModeResult("tail", [1.0, 1.2, 0.9], {"gen": [0.3] * 3}, [0.1, 0.0, 0.2], [0.2, 0.3, 0.4])
     extra = e2e.extra_series([{"step": s, "data": {"async_rm/staleness/mean": m, "async_rm/staleness/max": x,
                                                    "async_rm/groups_carried": c, "critic/score/mean": 0.3}}
-                              for s, (m, x, c) in enumerate([(0.0, 0, 0), (0.5, 1, 2), (1.0, 2, 1)], 1)])
+                              for s, (m, x, c) in enumerate([(0.0, 0, 0), (0.5, 1, 2), (1.0, 2, 3)], 1)])  # carried: cumulative
     assert set(extra) == {"async_rm/staleness/mean", "async_rm/staleness/max", "async_rm/groups_carried"}
     settings = {"judge": {}, "overrides": [], "decode_s": 0.0}
     record = record_of(Run("v1", 0, "tail_1x", "tail"), settings, e2e.Outcome(summary, extra, 50.0, {}))
@@ -212,7 +212,7 @@ def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(e2e, "execute_group", fake_execute(calls))
-    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: None)
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode, trainer: None)
     monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
     out = tmp_path / "e2e.json"
     argv = ["--trainers", "v1,v0", "--steps", "4", "--seeds", "0,1", "--v0-seeds", "0", "--regimes", "tail_1x,heavy_2.5x,fail20",
@@ -245,13 +245,13 @@ def test_main_skips_modes_not_in_the_tree_reports_failed_runs_and_partial_caches
 
     calls = []
     monkeypatch.setattr(e2e, "execute_group", fake_execute(calls, fail=lambda run: run.mode == "both" and run.regime == "tail_1x"))
-    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode: "not merged" if mode == "tail" else None)
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode, trainer: "not merged" if mode == "tail" else None)
     monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
     out = tmp_path / "e2e.json"
     argv = ["--trainers", "v1", "--steps", "2", "--seeds", "0", "--regimes", "tail_1x", "--out", str(out)]
     assert e2e.main(argv) == 1  # a failed run: reported, the benchmark finished, exit code says so
     report = json.loads(out.read_text())
-    assert report["skipped"] == {"tail": "not merged"} and not any(r.mode == "tail" for r, _ in calls)
+    assert report["skipped"] == {"tail on v1": "not merged"} and not any(r.mode == "tail" for r, _ in calls)
     assert len(report["failed_runs"]) == 1 and "tail_1x_both" in report["failed_runs"][0]
     calls.clear()
     assert e2e.main([*argv, "--cached-only"]) == 0
@@ -357,3 +357,10 @@ def test_execute_group_without_the_start_gate_runs_in_fresh_folders_and_reports_
     # every mode's run is configured alike: the same data, judge entry point, agent settings, poll interval
     assert {(c.trainer, c.seed, c.train_file, c.reward_name, c.v1_poll_interval_s) for c in seen} == {("v1", 0, "t", "compute_score_with_latency", e2e.V1_POLL_S)}
     assert all(c.extra_overrides[-len(e2e.AGENT):] == e2e.AGENT for c in seen)
+
+
+@quick
+def test_modes_a_trainer_refuses_are_skipped_up_front():
+    assert e2e.mode_unavailable("tail", "v0")  # the pool is v1 only
+    assert e2e.mode_unavailable("both_k2", "v1")  # v1 prefetches one batch at most
+    assert e2e.mode_unavailable("both", "v1") is None and e2e.mode_unavailable("both_k2", "v0") is None
