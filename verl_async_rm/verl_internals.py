@@ -21,7 +21,8 @@ V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
 INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     # -- v0 trainer: strategies/v0.py (fit's loop around our step body; the step's verl functions) --
     (V0_TRAINER, "RayPPOTrainer.fit", ("self",), "v0.py overrides it"),
-    (V0_TRAINER, "RayPPOTrainer._validate", ("self", "merged"), "v0.py calls it"),
+    (V0_TRAINER, "RayPPOTrainer._validate", ("self", "merged"), "v0.py calls it; cpu_backend/start_gate.py wraps it"),
+    (V1_TRAINER, "PPOTrainer._validate", ("self",), "cpu_backend/start_gate.py wraps it (the demo's start gate)"),
     (V0_TRAINER, "RayPPOTrainer._load_checkpoint", ("self",), "v0.py"),
     (V0_TRAINER, "RayPPOTrainer._save_checkpoint", ("self",), "v0.py overrides it (loader state)"),
     (V0_TRAINER, "RayPPOTrainer._get_gen_batch", ("self", "batch"), "v0.py"),

@@ -18,13 +18,18 @@ by absolute name: a file loaded by path has no package for a relative import).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import time
 
 from verl_async_rm.cpu_backend.latency import JudgeModel, SimulatedJudgeError
 
 DATA_SOURCE = "verl_async_rm/letter_case"
 MIN_CHARS = 8
+# A file to which every simulated judge call appends {"start", "end" (Unix s), "outcome"}: the judge's
+# access log, from which the demo draws rewards in flight. Set by the demo in the trainer's environment.
+JUDGE_LOG_ENV = "VERL_ASYNC_RM_JUDGE_LOG"
 INSTRUCTIONS = {
     "lower": "answer in lowercase letters:",
     "upper": "ANSWER IN UPPERCASE LETTERS:",
@@ -103,10 +108,27 @@ async def compute_score_with_latency(
     Reward kwargs (see :mod:`verl_async_rm.cpu_backend.latency`): ``latency_model`` (uniform |
     lognormal), ``latency_lo``/``latency_hi`` or ``latency_p50``/``latency_p99`` seconds, ``hang_prob``,
     ``hang_s``, ``fail_prob``, ``latency_seed``. A bad parameter raises ValueError on the first call.
+    With ``VERL_ASYNC_RM_JUDGE_LOG`` set, each call is appended to that file when it ends.
     """
     draw = JudgeModel.from_kwargs(kwargs).draw(solution_str)
-    await asyncio.sleep(draw.latency_s)
-    if draw.outcome == "fail":
-        raise SimulatedJudgeError(f"simulated judge error after {draw.latency_s:.3f} s")
-    # A "hang" sleeps hang_s (an hour by default) above; if it ever wakes, it answers late.
-    return compute_score(data_source, solution_str, ground_truth, extra_info, min_chars=min_chars)
+    started, outcome = time.time(), "cancelled"  # a hang ends when the agent's timeout cancels it
+    try:
+        await asyncio.sleep(draw.latency_s)
+        if draw.outcome == "fail":
+            outcome = "fail"
+            raise SimulatedJudgeError(f"simulated judge error after {draw.latency_s:.3f} s")
+        # A "hang" sleeps hang_s (an hour by default) above; if it ever wakes, it answers late.
+        score = compute_score(data_source, solution_str, ground_truth, extra_info, min_chars=min_chars)
+        outcome = "ok"
+        return score
+    finally:
+        _log_call(started, outcome)
+
+
+def _log_call(started: float, outcome: str) -> None:
+    path = os.environ.get(JUDGE_LOG_ENV)
+    if path:
+        # One short line per write with O_APPEND: concurrent writers (threads, processes) never interleave.
+        line = json.dumps({"start": started, "end": time.time(), "outcome": outcome}) + "\n"
+        with open(path, "a") as f:
+            f.write(line)
