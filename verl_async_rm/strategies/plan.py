@@ -54,6 +54,9 @@ class StrategyConfig:
     # Which groups make a mini-batch: "completion" (the first scored, the fastest) or "index" (verl's
     # own mini-batches, rows in batch order: exact, but a mini-batch waits for its slowest group).
     mini_batch_order: str = "completion"
+    # Score while generating: each sample goes to the agent as its rollout finishes (streaming.py);
+    # false: the batch is submitted after generation ends (as before 0.x, for comparison).
+    stream_rewards: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -88,7 +91,9 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
     order = values.get("mini_batch_order") or "completion"
     if order not in MINI_BATCH_ORDERS:
         raise ValueError(f"mini_batch_order must be one of {MINI_BATCH_ORDERS}, got {order!r}")
-    return StrategyConfig(pipeline, steps, order)
+    stream = values.get("stream_rewards")
+    stream = True if stream is None else _flag(stream, "stream_rewards")
+    return StrategyConfig(pipeline, steps, order, stream)
 
 
 # -- the rest of verl's config, as the checks need it ------------------------------------------------

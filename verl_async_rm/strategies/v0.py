@@ -60,6 +60,7 @@ from verl_async_rm.strategies.plan import (
 )
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
+from verl_async_rm.strategies.streaming import ROW_KEY, TICKET_KEY
 from verl_async_rm.strategies.workers import update_flags
 
 def images_seqlens(batch: DataProto) -> list:
@@ -321,9 +322,19 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         gen_batch.meta_info["global_steps"] = self.global_steps
         rollout_n = self.config.actor_rollout_ref.rollout.n
         gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+        stream = None
+        if self.strategy.stream_rewards:  # each sample is added to this ticket as its rollout finishes
+            stream = self.rewards.open_stream(rollout_n)
+            gen_batch.meta_info[TICKET_KEY] = stream.ticket
+            gen_batch.non_tensor_batch[ROW_KEY] = np.arange(len(gen_batch), dtype=np.int64)
         if profile:
             self.llm_server_manager.start_profile()
-        output = self.async_rollout_manager.generate_sequences(gen_batch)
+        try:
+            output = self.async_rollout_manager.generate_sequences(gen_batch)
+        except BaseException:
+            if stream is not None:
+                self.rewards.abandon_stream(stream)
+            raise
         if profile:
             self.llm_server_manager.stop_profile()
         timing_raw.update(output.meta_info.pop("timing", {}))
@@ -336,8 +347,15 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
-            requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
-            rewards = self.rewards.submit(requests)
+            if stream is not None:
+                # the sample of generation row r is index r of the ticket; balancing moved the rows
+                sources = batch.non_tensor_batch.pop(ROW_KEY)
+                uids = batch.non_tensor_batch["uid"]
+                rewards = self.rewards.close_stream(stream, {int(r): (i,) for i, r in enumerate(sources)},
+                                                    {int(r): uids[i] for i, r in enumerate(sources)})
+            else:
+                requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
+                rewards = self.rewards.submit(requests)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
 
     # -- one step ---------------------------------------------------------------------------------

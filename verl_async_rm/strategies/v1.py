@@ -32,7 +32,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
-from verl_async_rm.integration.decode import decode_requests, sessions_of
+from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
+from verl_async_rm.integration.group_sizes import sessions_per_prompt
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
@@ -43,7 +44,8 @@ from verl_async_rm.strategies.plan import (
     shape_from_config,
     strategy_from_mapping,
 )
-from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
+from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
+from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
@@ -70,8 +72,9 @@ class _WithoutStreamingRewards:
         return getattr(self._inner, name)
 
 
-def _padded_tensor(nested, pad) -> torch.Tensor:
-    return nested.to_padded_tensor(padding=pad)
+def _real_keys(batch: KVBatchMeta) -> list:
+    """The batch's trajectory keys without the replay buffer's padding rows."""
+    return [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
 
 
 class V1Ops:
@@ -133,6 +136,16 @@ class AsyncRewardTrainer(PPOTrainerSync):
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)
         self.plan = plan_mini_batches(self.strategy, shape)
+        if self.strategy.stream_rewards:
+            chosen = self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+            if chosen != V1_MANAGER_CLASS:
+                raise ValueError(
+                    f"stream_rewards=true needs actor_rollout_ref.rollout.agent.agent_loop_manager_class={V1_MANAGER_CLASS} "
+                    f"(got {chosen}): its workers add each sample to the step's ticket. `python -m verl_async_rm.main_ppo` "
+                    "sets it; or set stream_rewards=false"
+                )
+        self._stream_next_batch = False
+        self._open_stream: Optional[tuple[OpenStream, dict]] = None
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -155,30 +168,41 @@ class AsyncRewardTrainer(PPOTrainerSync):
     # -- rewards through the agent ---------------------------------------------------------------
     def _submit(self, batch: KVBatchMeta) -> PendingRewards:
         """One request per session (its final output), scoring every output of the session."""
-        real = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
-        sessions = sessions_of(real)
+        sessions = sessions_of(_real_keys(batch))
         finals = [s.final_key for s in sessions]
         data = tq.kv_batch_get(keys=finals, partition_id=batch.partition_id)  # every field: some are optional
-        pad = self.tokenizer.pad_token_id
-        prompts, responses = _padded_tensor(data["prompts"], pad), _padded_tensor(data["responses"], pad)
-        mask = torch.cat(
-            [self._lengths_to_mask(data["prompts"].offsets().diff(), prompts.size(1)),
-             self._lengths_to_mask(data["responses"].offsets().diff(), responses.size(1))], dim=1,
-        )
-        non_tensor = {}
-        for name in ("uid", "reward_model", "extra_info", self.rewards.settings.reward_fn_key, "reward_scores"):
-            if name in data.keys():
-                non_tensor[name] = object_array(tu.get(data, name))
-        if "extra_fields" in data.keys():  # the agent loop's extra fields: naive's tool_extra_fields
-            non_tensor["tool_extra_fields"] = object_array(tu.get(data, "extra_fields"))
-        if "num_turns" in data.keys():
-            non_tensor["__num_turns__"] = object_array(tu.get(data, "num_turns"))
-        tensors = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": mask}, batch_size=len(finals))
-        requests = decode_requests(DataProto(batch=tensors, non_tensor_batch=non_tensor), self.tokenizer,
-                                   self.rewards.settings.reward_fn_key)
+        key = self.rewards.settings.reward_fn_key
+        # the same columns and decoding as the agent-loop workers' (streaming.py)
+        columns = session_reward_columns(lambda name: tu.get(data, name) if name in data.keys() else None, key)
+        requests = requests_from_token_lists([t.tolist() for t in data["prompts"].unbind()],
+                                             [t.tolist() for t in data["responses"].unbind()], columns, self.tokenizer, key)
         for request, session in zip(requests, sessions, strict=True):
             request["uid"] = session.uid  # the group, whatever the dataset's uid column says
         return self.rewards.submit(requests, rows_of=[s.keys for s in sessions])
+
+    # -- score while generating (streaming.py) ---------------------------------------------------
+    def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
+        """verl's, with the step's ticket opened first and named in the prompts (training batches
+        drawn by ``_generate`` only)."""
+        if self._stream_next_batch:
+            self._stream_next_batch = False
+            rollout = self.config.actor_rollout_ref.rollout
+            uids = [str(uid) for uid in batch["uid"]]
+            explicit = tu.get(batch, "__rollout_n__", default=None)
+            sizes = sessions_per_prompt(len(uids), False, None if explicit is None else list(explicit), rollout.n, rollout.val_kwargs.n)
+            stream = self.rewards.open_stream(dict(zip(uids, sizes)))
+            tu.assign_non_tensor_data(batch, TICKET_KEY, stream.ticket)
+            tu.assign_non_tensor_stack(batch, PROMPT_KEY, list(range(len(uids))))
+            self._open_stream = (stream, {uid: i for i, uid in enumerate(uids)})
+        return super()._submit_batch_to_rollout(batch)
+
+    def _close_stream(self, batch: KVBatchMeta) -> PendingRewards:
+        stream, prompt_of = self._open_stream
+        self._open_stream = None
+        sessions = sessions_of(_real_keys(batch))
+        indices = [v1_index(prompt_of[s.uid], int(s.session)) for s in sessions]
+        return self.rewards.close_stream(stream, {i: s.keys for i, s in zip(indices, sessions)},
+                                         {i: s.uid for i, s in zip(indices, sessions)})
 
     def _put_scores(self, partition_id: str, scored: ScoredRows, with_extra_info: bool = False) -> None:
         if not scored.rows:
@@ -209,14 +233,21 @@ class AsyncRewardTrainer(PPOTrainerSync):
     # -- a step ----------------------------------------------------------------------------------
     def _generate(self, metrics: dict) -> GeneratedBatch:
         loader_state = self.train_dataloader.state_dict()  # before the draw: resuming there regenerates it
-        self._add_batch_to_generate()
-        batch, sample_metrics = self.replay_buffer.sample(
-            global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
-        )
+        self._stream_next_batch = self.strategy.stream_rewards
+        try:
+            self._add_batch_to_generate()
+            batch, sample_metrics = self.replay_buffer.sample(
+                global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
+            )
+        except BaseException:
+            if self._open_stream is not None:
+                self.rewards.abandon_stream(self._open_stream[0])
+                self._open_stream = None
+            raise
         metrics.update(sample_metrics)
         batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        return GeneratedBatch(batch, self._submit(batch), epoch=0, loader_state=loader_state,
-                              weights_step=self.global_steps - 1)
+        rewards = self._close_stream(batch) if self._open_stream is not None else self._submit(batch)
+        return GeneratedBatch(batch, rewards, epoch=0, loader_state=loader_state, weights_step=self.global_steps - 1)
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         with marked_timer("gen", timing_raw, color="red"):
