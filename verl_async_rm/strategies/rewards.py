@@ -164,6 +164,22 @@ class BatchRewards:
         """Generation failed: stop scoring what was added."""
         self.client.cancel(stream.ticket)
 
+    def take_group(self, pending: PendingRewards, timeout: Optional[float]) -> Optional[ScoredRows]:
+        """One whole group of ``pending``, the next to be scored; None if none is within ``timeout``
+        (0: only one already scored). Needs a batch of one group size (``regular``)."""
+        if not pending.regular:
+            raise ValueError(
+                "the staleness pool takes a batch group by group and needs groups of one size, one row each "
+                "(v1: no per-prompt __rollout_n__, no multi-output sessions, no failed sessions)"
+            )
+        ticket = pending.tickets[0]
+        if not ticket.remaining:
+            return None
+        try:
+            return self._take(pending, ticket, pending.group_size, timeout)
+        except TimeoutError:
+            return None
+
     def take(self, pending: PendingRewards, n: Optional[int] = None) -> ScoredRows:
         """Whole groups totalling ``n`` requests in completion order (one ticket only), or everything
         left (``n`` None), blocking until they are scored."""
@@ -175,11 +191,14 @@ class BatchRewards:
                 out.extend(self._take(pending, ticket, n))
         return out
 
-    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int]) -> ScoredRows:
+    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int], timeout: Optional[float] = None) -> ScoredRows:
         start = time.monotonic()
         # With strays, whole groups "totalling n" may include some: only take-all is used then
         # (an irregular batch is trained whole), so nothing of this batch is left behind.
-        chunk = self.client.get(ticket.ticket, None if pending.strays else n)
+        if timeout is None:
+            chunk = self.client.get(ticket.ticket, None if pending.strays else n)
+        else:
+            chunk = self.client.get(ticket.ticket, n, timeout)
         pending.timing.blocked += time.monotonic() - start
         pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
         ours = [p for p, local in enumerate(chunk.indices) if local in ticket.requests]

@@ -16,6 +16,8 @@ names change those, and "colocate_async" would sleep the replicas mid-step. See 
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from typing import Optional
@@ -46,6 +48,7 @@ from verl_async_rm.strategies.plan import (
 )
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
+from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
@@ -54,6 +57,8 @@ from verl_async_rm.strategies.workers import (
 )
 
 MODE = V1_MODE
+STALENESS_FIELD = "async_rm_staleness"  # per sample: trainer step - 1 - the step of the weights that generated it
+POOL_STATE_FILE = "async_rm_pool.json"  # in the checkpoint folder: prompts of regenerated batches already trained
 CORRECTION_PREFIX = "rollout_corr/"
 KL_METRICS = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
 
@@ -146,6 +151,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
                 )
         self._stream_next_batch = False
         self._open_stream: Optional[tuple[OpenStream, dict]] = None
+        self._last_positions: dict = {}  # uid -> position of the last drawn training batch
+        self._pool: Optional[PoolDriver] = None
+        self._pool_skip: dict = {}  # resume: batch ordinal -> prompt positions trained before the checkpoint
+        self._generated_for = 0  # the pool: the last step a batch was generated for
+        self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -184,10 +194,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
         """verl's, with the step's ticket opened first and named in the prompts (training batches
         drawn by ``_generate`` only)."""
+        uids = [str(uid) for uid in batch["uid"]]
+        self._last_positions = {uid: i for i, uid in enumerate(uids)}
         if self._stream_next_batch:
             self._stream_next_batch = False
             rollout = self.config.actor_rollout_ref.rollout
-            uids = [str(uid) for uid in batch["uid"]]
             explicit = tu.get(batch, "__rollout_n__", default=None)
             sizes = sessions_per_prompt(len(uids), False, None if explicit is None else list(explicit), rollout.n, rollout.val_kwargs.n)
             stream = self.rewards.open_stream(dict(zip(uids, sizes)))
@@ -247,20 +258,99 @@ class AsyncRewardTrainer(PPOTrainerSync):
         metrics.update(sample_metrics)
         batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         rewards = self._close_stream(batch) if self._open_stream is not None else self._submit(batch)
-        return GeneratedBatch(batch, rewards, epoch=0, loader_state=loader_state, weights_step=self.global_steps - 1)
+        return GeneratedBatch(batch, rewards, epoch=0, loader_state=loader_state, weights_step=self.global_steps - 1,
+                              positions=dict(self._last_positions))
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        with marked_timer("gen", timing_raw, color="red"):
-            self.on_sample_begin()
-            self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
-            self.on_sample_end()  # replicas sleep once, after the step's last generation
-        current = self.lookahead.pop()
-        batch = self._train_on(current, metrics, timing_raw)
-        metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        if self.strategy.pooled:
+            batch = self._pooled_step(metrics, timing_raw)
+        else:
+            with marked_timer("gen", timing_raw, color="red"):
+                self.on_sample_begin()
+                self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
+                self.on_sample_end()  # replicas sleep once, after the step's last generation
+            current = self.lookahead.pop()
+            started = time.monotonic()
+            batch = self._train_on(current, metrics, timing_raw)
+            self._measure(current.rewards, time.monotonic() - started - current.rewards.timing.blocked)
+            metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        metrics.update(self._auto_lookahead())
         metrics["async_reward/wall_clock"] = time.time()
         return batch
 
-    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+    # -- off_policy_steps=auto ---------------------------------------------------------------------
+    def _measure(self, pending: PendingRewards, compute_s: float) -> None:
+        self._measured["latency"] = (self._measured["latency"] + list(pending.latencies))[-4096:]
+        self._measured["compute"] = (self._measured["compute"] + [max(compute_s, 1e-3)])[-16:]
+
+    def _auto_lookahead(self) -> dict:
+        """Rule (pooled.choose_lookahead): ceil(p90 group latency / median step compute), clamped to
+        [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
+        if not self.strategy.auto_off_policy:
+            return {}
+        chosen = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=1)
+        if chosen != self.lookahead.depth:
+            print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
+                  f"(reward latency p90 vs step compute measured so far)", flush=True)
+            self.lookahead.depth = chosen
+        return {"async_rm/off_policy_steps": float(chosen)}
+
+    # -- the staleness pool (pooled.py) -----------------------------------------------------------
+    def _pooled_step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        if self._pool is None:
+            self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size), self.strategy.max_staleness,
+                                    self.strategy.on_stale, skip=self._pool_skip)
+            self._generated_for = self.global_steps - 1
+
+        def generate(born: int) -> None:
+            generated = self._generate(metrics)
+            self._pool.add(generated, born=born, position_of=generated.positions)
+
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            while self._generated_for < min(self.global_steps + self.lookahead.depth, self.total_training_steps):
+                self._generated_for += 1
+                generate(self._generated_for)
+            self.on_sample_end()
+
+        def generate_more() -> bool:  # drops ate the supply: one batch more, for this step
+            self.on_sample_begin()
+            generate(self.global_steps)
+            self.on_sample_end()
+            return True
+
+        tags = {}  # every live row's replay-buffer tag (a batch this step finishes retires)
+        for live in self._pool.live:
+            tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
+        with marked_timer("reward_wait", timing_raw, color="yellow"):
+            chosen = self._pool.next_step(self.global_steps, generate_more)
+        for live in self._pool.live:  # generate_more may have added one
+            tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
+        stale = chosen.dropped_rows + self._pool.skipped_rows
+        self._pool.skipped_rows = []
+        if stale:
+            tq.kv_clear(keys=stale, partition_id="train")
+        batch = KVBatchMeta(partition_id="train", keys=list(chosen.rows), tags=[tags[k] for k in chosen.rows],
+                            extra_info={"temperature": self.config.actor_rollout_ref.rollout.temperature})
+        staleness = torch.tensor([chosen.staleness_of_row[k] for k in chosen.rows], dtype=torch.int64)
+        tq.kv_batch_put(keys=batch.keys, partition_id="train", fields=tu.get_tensordict({STALENESS_FIELD: staleness}))
+        started = time.monotonic()
+        batch = self._train_on(GeneratedBatch(batch, None, 0, None, self.global_steps - 1), metrics, timing_raw,
+                               scored=chosen.scored)
+        compute = time.monotonic() - started
+        self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
+        for live in self._pool.live:
+            self._measured["latency"] = (self._measured["latency"] + list(live.generated.rewards.latencies))[-4096:]
+        metrics.update(chosen.metrics)
+        return batch
+
+    def _tags_of_retired(self, row) -> dict:
+        for generated in self._retired_batches:
+            if row in generated.batch.keys:
+                return dict(zip(generated.batch.keys, generated.batch.tags))
+        raise KeyError(row)
+
+    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, scored: Optional[ScoredRows] = None) -> KVBatchMeta:
         batch = self._balance_batch(current.batch, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._compute_old_log_prob(batch, metrics=metrics)
@@ -274,7 +364,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         ops = V1Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
         metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
-                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps))
+                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
         return batch
 
     def _correction_metrics(self, batch: KVBatchMeta) -> dict:
@@ -294,9 +384,35 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _save_checkpoint(self):
-        """Saved with the dataloader position before the prefetched batch: resuming regenerates it."""
-        with loader_state_reported_as(self.train_dataloader, self.lookahead.resume_state()):
-            return super()._save_checkpoint()
+        """Saved with the dataloader position before the prefetched batch (the pool: before the
+        oldest batch with groups not trained yet, plus which of its prompts were): resuming
+        regenerates them, so nothing is lost and nothing trained twice."""
+        state, trained = self.lookahead.resume_state(), {}
+        if self._pool is not None:
+            state, trained = self._pool.resume_state(state)
+        with loader_state_reported_as(self.train_dataloader, state):
+            result = super()._save_checkpoint()
+        if self._pool is not None:
+            with open(os.path.join(self._step_folder(self.global_steps), POOL_STATE_FILE), "w") as f:
+                json.dump({"trained_positions": {str(k): v for k, v in trained.items()}}, f)
+        return result
+
+    def _step_folder(self, step: int) -> str:
+        folder = self.config.trainer.default_local_dir
+        if not os.path.isabs(folder):
+            folder = os.path.join(os.getcwd(), folder)
+        return os.path.join(folder, f"global_step_{step}")
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.strategy.pooled and self.global_steps > 0:
+            folder = (self.config.trainer.resume_from_path if self.config.trainer.resume_mode == "resume_path"
+                      else self._step_folder(self.global_steps))
+            path = os.path.join(folder, POOL_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self._pool_skip = {int(k): set(v) for k, v in json.load(f)["trained_positions"].items()}
+        return result
 
 
 def register_mode(module) -> None:
