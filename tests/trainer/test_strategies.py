@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 STEPS = {"v0": 16, "v1": 4}
 REWARD = str(Path(__file__).parent / "seam_reward.py")
+TOY = str(Path(ROOT) / "verl_async_rm" / "cpu_backend" / "toy_task.py")
 SHAPE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 8 prompts / 2 = 4 mini-batches per step
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
@@ -75,6 +76,11 @@ RUNS = {
     ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"]),
     ("v1", "both"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1",
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
+    # the staleness pool, one batch ahead, fed while generating; a wide latency spread (0-6 s per
+    # sample, a group's is its slowest) so that some group is still out when its step begins
+    ("v1", "pool"): dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_reward_function.path={TOY}",
+                                "reward.custom_reward_function.name=compute_score_with_latency",
+                                "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0}"]),
 }
 STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
@@ -297,6 +303,10 @@ def test_staleness_and_reward_timing_metrics(runs, run):
     _, result = runs[run]
     steps = RUNS[run].get("steps", STEPS[trainer])
     lag = max([int(f.split("=")[1]) for f in RUNS[run]["flags"] if f.startswith("off_policy_steps=")] or [0])
+    if mode == "pool":  # per sample, in the pool's metrics: the lookahead plus the carries
+        assert not result.series("async_reward/staleness")
+        assert all(0 <= v <= lag + 1 for v in values(result, "async_rm/staleness/max"))
+        return
     assert values(result, "async_reward/staleness") == [min(s, lag) for s in range(steps)]
     failed = values(result, "async_reward/failed")
     assert (sum(failed) > 0) == (mode == "both" and trainer == "v0")
@@ -377,3 +387,37 @@ def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, a
     assert sorted(resumed) == remaining
     for step in remaining:
         assert Counter(r["input"] for r in resumed[step]) == Counter(r["input"] for r in original[step])
+
+
+def test_the_pool_carries_a_straggler_instead_of_waiting_within_the_staleness_bound(runs):
+    """v1 pool: every step trains 8 whole groups (test_every_sample_trained_once...), a group still
+    being scored is carried (counted), no sample is staler than off_policy_steps + max_staleness,
+    and after each step the pool holds exactly the groups generated and not trained: 8 (the batch
+    ahead) until the last step, which empties it. That count is timing-free: a group lost or
+    trained twice would change it."""
+    _, result = runs["v1", "pool"]
+    assert values(result, "async_rm/pool_groups") == [8, 8, 8, 0]
+    assert values(result, "async_rm/groups_dropped_stale") == [0] * 4
+    carried = values(result, "async_rm/groups_carried")
+    assert carried == sorted(carried) and carried[-1] > 0, carried  # 0-6 s latency against ~2 s steps
+    assert max(values(result, "async_rm/staleness/max")) == 2  # a carried group of a batch made one step ahead
+    assert all(1 <= v <= 2 for v in values(result, "async_rm/staleness/mean")[1:])
+
+
+def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, runs, assets):
+    """Saved at step 2 with groups carried and a batch ahead: the checkpoint records the loader
+    state before the oldest batch still in the pool and which of its prompts were trained; the
+    resumed run draws those batches again, leaves those prompts out, and ends with the pool empty.
+    So the prompts trained before the checkpoint plus those after are the uninterrupted run's, each
+    once (compared as multisets: every prompt's 4 samples, in one step)."""
+    uninterrupted, _ = runs["v1", "pool"]
+    checkpoint = uninterrupted / "checkpoints" / "global_step_2"
+    assert json.loads((checkpoint / "async_rm_pool.json").read_text())["live"]
+    resumed_result = train(tmp_path, assets, "v1", "pool", "trainer.resume_mode=resume_path",
+                           f"trainer.resume_from_path={checkpoint}")
+    resumed, original = dumped(tmp_path), dumped(uninterrupted)
+    assert sorted(resumed) == [3, 4]
+    before = Counter(r["input"] for step in (1, 2) for r in original[step])
+    after = Counter(r["input"] for step in (3, 4) for r in resumed[step])
+    assert before + after == Counter(r["input"] for rows in original.values() for r in rows)
+    assert values(resumed_result, "async_rm/pool_groups") == [8, 0]

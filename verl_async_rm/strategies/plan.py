@@ -140,7 +140,7 @@ class TrainerShape:
     reward_model_enabled: bool = False
     filter_groups: bool = False
     rollout_correction: bool = False  # algorithm.rollout_correction.rollout_is or rollout_rs set
-    calculate_log_probs: bool = True
+    calculate_log_probs: bool = True  # verl 0.9.1 default
 
 
 def _select(config: Any, dotted: str, default: Any = None) -> Any:

@@ -4,9 +4,10 @@ are whatever the trainer's batches use (v1: TransferQueue keys).
 
 Checkpoints: the groups still in the pool are not saved; their batches are *regenerated* on resume.
 ``resume_state`` names the dataloader state from before the oldest batch that still has untrained
-groups, and, per batch from there on, the prompt positions already trained (or dropped). On resume
-those batches are drawn and generated again (the same prompts: the loader's state is restored) and
-the listed positions are left out of the pool, so every prompt's samples are trained exactly once.
+groups, and, per batch from there on, the step it was generated for and the prompt positions
+already trained (or dropped). On resume those batches are drawn and generated again first (the
+same prompts: the loader's state is restored; new responses, by the resumed weights) and the listed
+positions are left out of the pool, so every prompt's samples are trained exactly once.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class PooledStep:
 class PoolDriver:
     def __init__(self, rewards: BatchRewards, train_groups: int, max_staleness: int, on_stale: str,
                  skip: Optional[dict[int, set]] = None):
+        """``skip``: on resume, batch ordinal (0 = the first drawn) -> prompt positions trained before."""
         self.rewards = rewards
         self.pool = GroupPool(train_groups, max_staleness, on_stale)
         self.live: list[LiveBatch] = []
@@ -169,13 +171,14 @@ class PoolDriver:
         self.live = keep
 
     # -- checkpoints --------------------------------------------------------------------------------
-    def resume_state(self, queued_loader_state: Optional[dict]) -> tuple[Optional[dict], dict]:
-        """(the loader state to save, the positions already trained per batch from there): the
-        oldest live batch's state; with none live, the batches queued ahead decide (as before)."""
+    def resume_state(self, queued_loader_state: Optional[dict]) -> tuple[Optional[dict], list[dict]]:
+        """(the loader state to save, the live batches from there: the step each was generated for
+        and the prompt positions already trained): the oldest live batch's loader state; with none
+        live, the batches queued ahead decide (as before). Live batches are consecutive draws (each
+        generated batch joins the pool at once), so regenerating from the oldest redraws them all."""
         if not self.live:
-            return queued_loader_state, {}
-        first = self.live[0].ordinal
-        return self.live[0].generated.loader_state, {b.ordinal - first: sorted(b.finished) for b in self.live}
+            return queued_loader_state, []
+        return self.live[0].generated.loader_state, [{"born": b.born, "trained": sorted(b.finished)} for b in self.live]
 
     def abandon(self) -> None:
         for live in self.live:

@@ -153,7 +153,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._open_stream: Optional[tuple[OpenStream, dict]] = None
         self._last_positions: dict = {}  # uid -> position of the last drawn training batch
         self._pool: Optional[PoolDriver] = None
-        self._pool_skip: dict = {}  # resume: batch ordinal -> prompt positions trained before the checkpoint
+        self._pool_resume: list = []  # resume: the batches live at the checkpoint ({"born", "trained"})
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
@@ -297,17 +297,19 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     # -- the staleness pool (pooled.py) -----------------------------------------------------------
     def _pooled_step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        if self._pool is None:
-            self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size), self.strategy.max_staleness,
-                                    self.strategy.on_stale, skip=self._pool_skip)
-            self._generated_for = self.global_steps - 1
-
         def generate(born: int) -> None:
             generated = self._generate(metrics)
             self._pool.add(generated, born=born, position_of=generated.positions)
 
         with marked_timer("gen", timing_raw, color="red"):
             self.on_sample_begin()
+            if self._pool is None:
+                live = self._pool_resume  # resume: the batches live at the checkpoint, drawn again first
+                self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size), self.strategy.max_staleness,
+                                        self.strategy.on_stale, skip={i: set(b["trained"]) for i, b in enumerate(live)})
+                for batch in live:
+                    generate(int(batch["born"]))
+                self._generated_for = max([int(b["born"]) for b in live], default=self.global_steps - 1)
             while self._generated_for < min(self.global_steps + self.lookahead.depth, self.total_training_steps):
                 self._generated_for += 1
                 generate(self._generated_for)
@@ -387,14 +389,14 @@ class AsyncRewardTrainer(PPOTrainerSync):
         """Saved with the dataloader position before the prefetched batch (the pool: before the
         oldest batch with groups not trained yet, plus which of its prompts were): resuming
         regenerates them, so nothing is lost and nothing trained twice."""
-        state, trained = self.lookahead.resume_state(), {}
+        state, trained = self.lookahead.resume_state(), []
         if self._pool is not None:
             state, trained = self._pool.resume_state(state)
         with loader_state_reported_as(self.train_dataloader, state):
             result = super()._save_checkpoint()
         if self._pool is not None:
             with open(os.path.join(self._step_folder(self.global_steps), POOL_STATE_FILE), "w") as f:
-                json.dump({"trained_positions": {str(k): v for k, v in trained.items()}}, f)
+                json.dump({"live": trained}, f)
         return result
 
     def _step_folder(self, step: int) -> str:
@@ -411,7 +413,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             path = os.path.join(folder, POOL_STATE_FILE)
             if os.path.exists(path):
                 with open(path) as f:
-                    self._pool_skip = {int(k): set(v) for k, v in json.load(f)["trained_positions"].items()}
+                    self._pool_resume = json.load(f)["live"]
         return result
 
 
