@@ -34,4 +34,4 @@ async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kw
     await asyncio.sleep(extra_info.get("delay", 0.0))
     if extra_info.get("fail"):
         raise ValueError("injected failure")
-    return {"score": float(ground_truth), "verdict": "ok"}
+    return {"score": float(ground_truth), "verdict": "ok", "part": float(ground_truth)}  # part: a GDPO component
