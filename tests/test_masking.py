@@ -45,7 +45,7 @@ def batches(draw):
     return pick(rows), pick(row_groups), pick(row_samples), pick(row_failed)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(batches(), st.integers(1, 4))
 def test_failed_rows_and_whole_groups_below_the_minimum_are_masked_and_counted(batch, minimum):
     rows, groups, samples, failed = batch
