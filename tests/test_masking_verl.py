@@ -219,3 +219,34 @@ def test_a_group_estimator_on_one_survivor_is_why_min_group_success_is_at_least_
     out = compute_advantage(data, adv_estimator="grpo", num_repeat=N, config=OmegaConf.create({}))
     assert float(out.batch["advantages"][0, 0]) == pytest.approx(0.7)
     assert "grpo" not in NO_GROUP_BASELINE and BATCH_STATISTIC & NO_GROUP_BASELINE == NO_GROUP_BASELINE
+
+
+# -- refused at start where it cannot be exact -------------------------------------------------------
+
+
+def test_the_per_sample_manager_refuses_mask_without_a_strategy_and_main_ppo_refuses_it_first():
+    """verl's own entry point with async_agent and no strategy: the manager refuses mask when it is
+    built (at start, in the reward workers); with a strategy on (v0 validates through it) it is built."""
+    from hydra import compose, initialize_config_module
+
+    from verl_async_rm.integration.reward_manager import AsyncAgentRewardManager
+    from verl_async_rm.main_ppo import CONFIG_NAME, prepare
+
+    config = OmegaConf.create({
+        "reward": {"custom_reward_function": {"path": REWARD, "name": "delayed"},
+                   "async_agent": {"actor_name": f"mask-{uuid.uuid4().hex}", "failure_policy": "mask"}},
+        "actor_rollout_ref": {"rollout": {"n": N}},
+    })
+    with pytest.raises(ValueError, match="needs the trainer strategies"):
+        AsyncAgentRewardManager(config, tokenizer=object())
+    config.mini_batch_pipeline = True
+    AsyncAgentRewardManager(config, tokenizer=object())
+    overrides = ["reward.reward_manager.name=async_agent", "actor_rollout_ref.rollout.n=4",
+                 "reward.async_agent.failure_policy=mask"]
+    with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
+        with pytest.raises(ValueError, match="needs the trainer strategies"):
+            prepare(compose(CONFIG_NAME, overrides=overrides))
+        with pytest.raises(ValueError, match="still count the masked samples"):
+            prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1",
+                                                    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]))
+        assert prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1"])).reward.async_agent.failure_policy == "mask"
