@@ -30,6 +30,7 @@ class LiveBatch:
     ordinal: int  # batches drawn since the run (or the resume) started
     position_of: dict  # group -> the prompt's position in the drawn batch (stable across a regeneration)
     scored: dict = field(default_factory=dict)  # group -> ScoredRows, harvested, not trained yet
+    latencies_reported: int = 0  # of generated.rewards.latencies, handed to new_latencies() already
     finished: set = field(default_factory=set)  # prompt positions trained or dropped
 
 
@@ -52,6 +53,7 @@ class PoolDriver:
         self._ordinal = 0
         self._skip = {int(k): set(v) for k, v in (skip or {}).items()}  # resume: ordinal -> positions trained before
         self.skipped_rows: list = []
+        self._latencies: list[float] = []  # of retired batches, not reported yet
 
     # -- batches in ---------------------------------------------------------------------------------
     def add(self, generated: GeneratedBatch, born: int, position_of: dict) -> None:
@@ -164,11 +166,20 @@ class PoolDriver:
         keep = []
         for live in self.live:
             if len(live.finished) == len(live.position_of):
+                self._latencies += live.generated.rewards.latencies[live.latencies_reported:]
                 if live.generated.rewards.remaining:
                     self.rewards.cancel(live.generated.rewards)
             else:
                 keep.append(live)
         self.live = keep
+
+    def new_latencies(self) -> list[float]:
+        """Per-sample reward latencies measured since the last call (off_policy_steps=auto)."""
+        out, self._latencies = self._latencies, []
+        for live in self.live:
+            out += live.generated.rewards.latencies[live.latencies_reported:]
+            live.latencies_reported = len(live.generated.rewards.latencies)
+        return out
 
     # -- checkpoints --------------------------------------------------------------------------------
     def resume_state(self, queued_loader_state: Optional[dict]) -> tuple[Optional[dict], list[dict]]:
