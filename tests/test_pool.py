@@ -50,7 +50,7 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
     return pool, log, extra, born_of
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(g=st.integers(1, 5), steps=st.integers(1, 8), k=st.integers(0, 3), s=st.integers(0, 3),
        on_stale=st.sampled_from(["wait", "drop"]), seed=st.integers(0, 10**6), ready=st.floats(0, 1))
 def test_every_group_once_never_too_stale_oldest_first(g, steps, k, s, on_stale, seed, ready):
@@ -78,7 +78,7 @@ def test_every_group_once_never_too_stale_oldest_first(g, steps, k, s, on_stale,
             assert step - born_of[key] >= s
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(g=st.integers(1, 4), steps=st.integers(2, 8), k=st.integers(1, 3), s=st.integers(1, 3), seed=st.integers(0, 10**6))
 def test_a_straggler_does_not_hold_a_step_that_has_enough_ready_groups(g, steps, k, s, seed):
     """Every batch is scored at once except one straggler that never answers: with batches ahead,

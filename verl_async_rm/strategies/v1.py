@@ -341,7 +341,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
                 generate(self._generated_for)
             self.on_sample_end()
 
-        def generate_more() -> bool:  # drops ate the supply: one batch more, for this step
+        def generate_more() -> bool:
+            """Drops ate the supply (on_stale=drop): one batch more, for this step, by the same weights.
+            The replicas slept after this step's generation: wake them as verl does (a weight sync of
+            the unchanged weights), generate, and put them back to sleep."""
+            self.checkpoint_manager.update_weights(self.global_steps - 1)
             self.on_sample_begin()
             generate(self.global_steps)
             self.on_sample_end()
