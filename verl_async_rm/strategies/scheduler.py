@@ -258,6 +258,9 @@ class StepScheduler:
             **rewards.timing.metrics(),
             **latency_metrics(rewards.latencies),
             "async_reward/staleness": global_steps - 1 - generated.weights_step,
+            # the pool's per-sample names, for one metric across modes (every sample of a batch alike here)
+            "async_rm/staleness/mean": float(global_steps - 1 - generated.weights_step),
+            "async_rm/staleness/max": float(global_steps - 1 - generated.weights_step),
             "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / max(1, rewards.group_size),
             "async_reward/failed": rewards.failed,
         }

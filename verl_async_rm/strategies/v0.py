@@ -62,6 +62,8 @@ from verl_async_rm.strategies.plan import (
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
 from verl_async_rm.strategies.streaming import ROW_KEY, TICKET_KEY
+
+STALENESS_COLUMN = "async_rm_staleness"
 from verl_async_rm.strategies.workers import update_flags
 
 def images_seqlens(batch: DataProto) -> list:
@@ -376,6 +378,8 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
     # -- one step ---------------------------------------------------------------------------------
     def _train_step(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
         batch = current.batch
+        # per sample: policy updates between the weights that generated it and the ones it trains
+        batch.non_tensor_batch[STALENESS_COLUMN] = object_array([self.global_steps - 1 - current.weights_step] * len(batch))
         ops = V0Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         self._compute_policy_inputs(batch, ops, metrics, timing_raw)
         update_actor = self.config.trainer.critic_warmup <= self.global_steps

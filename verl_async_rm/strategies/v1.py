@@ -296,6 +296,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
                 self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
                 self.on_sample_end()  # replicas sleep once, after the step's last generation
             current = self.lookahead.pop()
+            stale = self.global_steps - 1 - current.weights_step
+            tq.kv_batch_put(keys=current.batch.keys, partition_id=current.batch.partition_id,
+                            fields=tu.get_tensordict({STALENESS_FIELD: torch.full((len(current.batch),), stale, dtype=torch.int64)}))
             started = time.monotonic()
             batch = self._train_on(current, metrics, timing_raw)
             self._measure(current.rewards, time.monotonic() - started - current.rewards.timing.blocked)
