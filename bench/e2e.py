@@ -69,6 +69,7 @@ GOAL_BOTH_HIDDEN = 0.95  # `both` where the latency tail <= step compute
 GOAL_TAIL_HIDDEN = 0.90  # the tail-tolerant mode, heavy-tailed latency with p99 = 2.5x compute
 # Agent settings every run gets (the demo's): enough concurrency that no judge queue forms.
 AGENT = ["reward.async_agent.max_concurrency=64"]
+RUN_COST_S = 40  # a run's wall time with start-ups overlapped (the start gate), 2 idle cores
 V1_POLL_S = 0.05  # v1's replay-buffer poll (verl's fixed 2 s would swamp ~1 s steps), for every v1 run
 
 # The modes (hydra overrides on top of the stock trainer). The tail-tolerant mode (issue 14): a pool of
@@ -252,6 +253,16 @@ def extra_series(metrics: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+JUDGE_LOG = "judge_calls.jsonl"
+
+
+def judge_log_env() -> Optional[str]:
+    """The toy reward's judge-call log (the demo helper's), or None in a tree without it."""
+    from verl_async_rm.cpu_backend import toy_task
+
+    return getattr(toy_task, "JUDGE_LOG_ENV", None)
+
+
 def decode_env() -> Optional[str]:
     """The CPU rollout's simulated per-token decode time (the trainer branch's), or None before it."""
     from verl_async_rm.cpu_backend import names
@@ -283,13 +294,17 @@ def run_config(job: Job, steps: int, start_gate: bool = False):
     from verl_async_rm.cpu_backend.launch import CPURunConfig, toy_reward_path
 
     gate = {"start_gate": True} if start_gate else {}
+    env = {judge_log_env(): str(Path(job.run_dir).absolute() / JUDGE_LOG)} if judge_log_env() else {}
+    if job.settings["decode_s"]:
+        env[decode_env()] = str(job.settings["decode_s"])
+    # As the demo starts its runs: Ray's two prestarted workers per cluster are never used by verl.
+    env["RAY_prestart_worker_first_driver"] = "0"
     return CPURunConfig(
         out_dir=str(job.run_dir), trainer=job.run.trainer, steps=steps, seed=job.run.seed, entry_module="verl_async_rm.main_ppo",
         model_dir=job.assets.model_dir, train_file=job.assets.train_file, val_file=job.assets.val_file, val_before_train=True,
         reward_path=toy_reward_path(), reward_name="compute_score_with_latency", reward_kwargs=job.settings["judge"],
         reward_manager="async_agent", timeout_s=1800, v1_poll_interval_s=V1_POLL_S,
-        extra_env={decode_env(): str(job.settings["decode_s"])} if job.settings["decode_s"] else {},
-        extra_overrides=job.settings["overrides"], **gate,
+        extra_env=env, extra_overrides=job.settings["overrides"], **gate,
     )
 
 
@@ -303,12 +318,20 @@ def start_gate_supported() -> bool:
     return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
 
 
-def _outcome(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None) -> Outcome:
+def _outcome(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None,
+             loop_start: Optional[float] = None) -> Outcome:
+    """``loop_start``: wall-clock time the training loop began (a gated run's), which places the judge
+    calls on the step timeline (the demo's reader); without it the run has no calls drawn."""
     from verl_async_rm.cpu_backend.launch import read_all_metrics
 
     if not result.ok:
         raise RuntimeError(f"{job.run} failed (rc {result.returncode}); log: {result.log_path}")
-    summary = summarize(job.run.mode, result)
+    calls = None
+    if loop_start is not None:
+        from verl_async_rm.demo import read_judge_calls
+
+        calls = read_judge_calls(Path(job.run_dir) / JUDGE_LOG, loop_start)
+    summary = summarize(job.run.mode, result, calls) if calls else summarize(job.run.mode, result)
     if len(summary.step_times) != steps:
         raise RuntimeError(f"{job.run} logged {len(summary.step_times)} of {steps} steps; log: {result.log_path}")
     return Outcome(summary, extra_series(read_all_metrics(str(job.run_dir))), round(wall_s, 1), load,
@@ -325,6 +348,14 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
 
     for job in jobs:
         shutil.rmtree(job.run_dir, ignore_errors=True)
+    if parallel > 1 and start_gate_supported():
+        from verl_async_rm.demo import default_parallel_startups
+
+        # the machine is shared: only as many start-ups at once as free memory holds (~3.5 GB a run)
+        parallel = min(parallel, default_parallel_startups(len(jobs)))
+        if parallel < len(jobs):
+            head = execute_group(jobs[:parallel], steps, progress, parallel)
+            return head + execute_group(jobs[parallel:], steps, progress, parallel)
     if parallel <= 1 or len(jobs) == 1 or not start_gate_supported():
         outcomes = []
         for job in jobs:
@@ -355,7 +386,11 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
             load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
             wall = trainer.gate_reached_s + (trainer.ended_s - trainer.gate_opened_s)
             try:
-                outcomes.append(_outcome(job, steps, result, wall, load, trainer.gate_reached_s))
+                from verl_async_rm.cpu_backend.start_gate import passed_marker
+
+                marker = passed_marker(trainer.gate)
+                loop_start = float(marker.read_text()) if marker.exists() else None
+                outcomes.append(_outcome(job, steps, result, wall, load, trainer.gate_reached_s, loop_start))
             except RuntimeError as error:
                 outcomes.append(error)
         return outcomes
@@ -385,6 +420,8 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         "groups_dropped_stale": last("async_rm/groups_dropped_stale", lambda v: v[-1]),
         "off_policy_steps_chosen": last("async_rm/off_policy_steps", lambda v: float(np.mean(v))),
         "step_times": summary.step_times, "phases": summary.phases, "blocked": summary.blocked, "scores": summary.scores,
+        # (start, end) of each judge call, seconds from the loop's start: the timeline's rewards in flight
+        "judge_calls": [[round(a, 3), round(b, 3)] for a, b in getattr(summary, "judge_calls", [])],
         # the shared machine's 1-min load average around the run (other engineers' jobs): context for outliers
         "machine_load": outcome.load, "extra": extra,
     }
@@ -668,7 +705,7 @@ def print_report(report: dict) -> None:
 
 def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, regimes: list[str],
                  regime_compute: dict, fingerprint: str, decode_s: float, skipped: dict, failed: list[str],
-                 missing: list[str], started: float, from_cache: int) -> dict:
+                 missing: list[str], started: float, from_cache: int, retried: list[str] = ()) -> dict:
     timing = timing_table(records)
     learning = learning_table(records)
     comparisons = paired_comparison(records, "both_mask", "both_neutral")
@@ -685,9 +722,11 @@ def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, 
         "modes": {m: MODES[m] for m in sorted({r["mode"] for r in records})},
         "timing": timing, "learning": learning, "comparisons": comparisons,
         "goals": goals(timing, learning, comparisons),
-        "skipped": skipped, "failed_runs": failed, "missing_runs": missing,
+        "skipped": skipped, "failed_runs": failed, "missing_runs": missing, "retried_runs": list(retried),
         "this_invocation_s": round(time.time() - started, 1), "runs_from_cache": from_cache,
-        "records": [{k: v for k, v in r.items() if k != "extra"} for r in records],
+        # judge calls only for each trainer's first seed (the timeline's), to keep the JSON small
+        "records": [{k: v for k, v in r.items() if k != "extra" and (k != "judge_calls" or r["seed"] == min(seeds[r["trainer"]]))}
+                    for r in records],
     }
     report["setup"] = setup_text(report)
     return report
@@ -769,7 +808,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     fixed = parse_compute(args.compute)
     runs = plan_runs(seeds, cells, calibrate={t for t in trainers if t not in fixed})
     print(f"{len(runs)} runs of {args.steps} steps ({', '.join(f'{t}: {len(seeds[t])} seeds x {len(cells[t])}' for t in trainers)}); "
-          f"~{len(runs) * 55 / 60:.0f} min at ~55 s a run", flush=True)
+          f"~{len(runs) * RUN_COST_S / 60:.0f} min at ~{RUN_COST_S} s a run on a quiet machine", flush=True)
     if args.dry_run:
         for run in runs:
             print(f"  {run.trainer} seed {run.seed} {run.regime:>11} {run.mode}")
@@ -782,7 +821,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     fingerprint = source_fingerprint()
     command = " ".join(["python bench/e2e.py", *(argv if argv is not None else sys.argv[1:])])
-    records, failed, missing = [], [], []
+    records, failed, missing, retried = [], [], [], []
     started, from_cache = time.time(), 0
     regime_compute = dict(fixed)
     pending: list[tuple[int, Job, str]] = []
@@ -792,7 +831,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not pending:
             return
         outcomes = execute_group([job for _, job, _ in pending], args.steps, args.progress, args.parallel_startups)
-        for (index, job, key), outcome in zip(pending, outcomes):
+        for position, ((index, job, key), outcome) in enumerate(zip(pending, outcomes)):
+            if isinstance(outcome, Exception):
+                # once more, alone: on the shared machine a run can die of others' memory use (Ray's
+                # OOM killer); a mode that fails twice is reported as failed, never dropped silently
+                print(f"[{index}/{len(runs)}] {key}: failed ({outcome}); retrying it alone", flush=True)
+                retried.append(key)
+                outcome = outcomes[position] = execute_group([job], args.steps, args.progress, 1)[0]
             if isinstance(outcome, Exception):  # reported at the end; the rest of the benchmark goes on
                 print(f"[{index}/{len(runs)}] {key}: FAILED: {outcome}", flush=True)
                 failed.append(f"{key}: {outcome}")
@@ -840,7 +885,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     report = build_report(records, command=command, steps=args.steps, seeds=seeds,
                           regimes=list(dict.fromkeys(r for rs in regimes_of.values() for r in rs)) if not args.quick else ["heavy_2.5x"],
                           regime_compute=regime_compute, fingerprint=fingerprint, decode_s=args.decode_s, skipped=skipped,
-                          failed=failed, missing=missing, started=started, from_cache=from_cache)
+                          failed=failed, missing=missing, started=started, from_cache=from_cache, retried=retried)
     print_report(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))

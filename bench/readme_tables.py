@@ -55,7 +55,8 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
     mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed}
     lanes = {f"{STOCK}, instant judge": mine.get(("zero", STOCK))}
     lanes |= {mode: mine.get((regime, mode)) for mode in TIMELINE_MODES}
-    results = {name: ModeResult(r["mode"], r["step_times"], r["phases"], r["blocked"] or [], r["scores"])
+    results = {name: ModeResult(r["mode"], r["step_times"], r["phases"], r["blocked"] or [], r["scores"],
+                                judge_calls=[tuple(c) for c in r.get("judge_calls") or []])
                for name, r in lanes.items() if r is not None}
     return f"{trainer}, seed {seed}, {regime}", results
 

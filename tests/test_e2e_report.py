@@ -253,6 +253,7 @@ def test_main_skips_modes_not_in_the_tree_reports_failed_runs_and_partial_caches
     report = json.loads(out.read_text())
     assert report["skipped"] == {"tail on v1": "not merged"} and not any(r.mode == "tail" for r, _ in calls)
     assert len(report["failed_runs"]) == 1 and "tail_1x_both" in report["failed_runs"][0]
+    assert len(report["retried_runs"]) == 1 and sum(r.mode == "both" and r.regime == "tail_1x" for r, _ in calls) == 2  # retried once, alone
     calls.clear()
     assert e2e.main([*argv, "--cached-only"]) == 0
     partial = json.loads(out.read_text())
