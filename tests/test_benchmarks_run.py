@@ -1,6 +1,6 @@
 """The benchmark scripts run end to end at small sizes (their numbers are not asserted here:
-speed targets live in the benchmarks, not in timed tests). bench/e2e.py's trainer runs are the
-demo's (tests/trainer/test_demo.py); its plumbing is tested in tests/test_e2e_report.py."""
+speed targets live in the benchmarks, not in timed tests). bench/e2e.py --quick, which runs verl's
+trainer, and its plumbing are tested in tests/test_e2e_report.py."""
 
 from __future__ import annotations
 

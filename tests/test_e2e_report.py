@@ -365,3 +365,68 @@ def test_modes_a_trainer_refuses_are_skipped_up_front():
     assert e2e.mode_unavailable("tail", "v0")  # the pool is v1 only
     assert e2e.mode_unavailable("both_k2", "v1")  # v1 prefetches one batch at most
     assert e2e.mode_unavailable("both", "v1") is None and e2e.mode_unavailable("both_k2", "v0") is None
+
+
+@quick
+def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_time(tmp_path, monkeypatch):
+    import verl_async_rm.cpu_backend.launch as launch
+    import verl_async_rm.demo as demo
+    from verl_async_rm.cpu_backend.start_gate import passed_marker
+
+    events = []
+
+    class FakeTrainer:
+        def __init__(self, cfg, progress=True):
+            self.cfg, self.name = cfg, Path(cfg.out_dir).name
+            self.gate = str(tmp_path / f"gate-{self.name}")
+            self.gate_reached_s = self.gate_opened_s = self.ended_s = None
+            self.log_path, self.polls = "log", 0
+            events.append(("start", self.name, cfg.start_gate))
+
+        @property
+        def at_gate(self):
+            return self.gate_reached_s is not None and self.gate_opened_s is None
+
+        def poll(self):
+            self.polls += 1
+            if self.name == "broken" and self.polls > 1:
+                self.ended_s = 5.0  # died during start-up (e.g. killed for memory)
+                return True
+            if self.polls > 1:
+                self.gate_reached_s = 30.0
+            return False
+
+        def open_gate(self):
+            assert all(e[0] == "start" for e in events[:3])  # every start-up began before any training
+            self.gate_opened_s = 40.0
+            events.append(("open", self.name))
+            passed_marker(self.gate).write_text("1000.0\n")
+
+        def wait(self, poll_s=0.5):
+            self.ended_s = 52.0
+            events.append(("done", self.name))
+            return fake_result(3)
+
+        def result(self):
+            return fake_result(3, rc=-9 if self.name == "broken" else 0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(launch, "start", FakeTrainer, raising=False)
+    monkeypatch.setattr(e2e, "start_gate_supported", lambda: True)
+    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: n)  # memory for all of them
+    assets = launch.CPURunConfig(out_dir=str(tmp_path), model_dir="m", train_file="t", val_file="v")
+    jobs = [e2e.Job(Run("v1", 0, "tail_1x", "both"), e2e.run_settings(Run("v1", 0, "tail_1x", "both"), 0.8, 0.0),
+                    tmp_path / name, assets) for name in ("first", "broken", "third")]
+    outcomes = e2e.execute_group(jobs, steps=3, progress=False, parallel=3)
+    assert events == [("start", "first", True), ("start", "broken", True), ("start", "third", True),
+                      ("open", "first"), ("done", "first"), ("open", "third"), ("done", "third")]
+    assert isinstance(outcomes[1], RuntimeError) and "ended before training" in str(outcomes[1])
+    first = outcomes[0]
+    assert first.startup_s == 30.0 and first.wall_s == 30.0 + 12.0  # the wait at the gate is not the run's
+    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: 1)  # memory for one at a time: no gate
+    events.clear()
+    outcomes = e2e.execute_group(jobs[:1] + jobs[2:], steps=3, progress=False, parallel=3)
+    assert events == [("start", "first", False), ("done", "first"), ("start", "third", False), ("done", "third")]
+    assert all(isinstance(o, e2e.Outcome) for o in outcomes)
