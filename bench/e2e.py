@@ -69,6 +69,7 @@ GOAL_BOTH_HIDDEN = 0.95  # `both` where the latency tail <= step compute
 GOAL_TAIL_HIDDEN = 0.90  # the tail-tolerant mode, heavy-tailed latency with p99 = 2.5x compute
 # Agent settings every run gets (the demo's): enough concurrency that no judge queue forms.
 AGENT = ["reward.async_agent.max_concurrency=64"]
+TIMELINE_JUDGE_CALLS = ("zero", "heavy_2.5x")  # regimes whose records keep their judge calls in the JSON
 RUN_COST_S = 40  # a run's wall time with start-ups overlapped (the start gate), 2 idle cores
 V1_POLL_S = 0.05  # v1's replay-buffer poll (verl's fixed 2 s would swamp ~1 s steps), for every v1 run
 
@@ -341,9 +342,10 @@ def _outcome(job: Job, steps: int, result, wall_s: float, load: dict, startup_s:
 def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) -> list:
     """Run ``jobs``; per job an Outcome, or the exception that ended it (one broken run must not end
     the benchmark). Every run starts its own Ray cluster in a fresh folder (an interrupted run starts
-    over, never resumes). With the start gate and ``parallel`` > 1 the group starts up together (verl's
-    start-up leaves the cores idle between stages) and then trains one run at a time, in plan order:
-    no two measured training loops overlap, and every mode is treated the same way."""
+    over, never resumes). With the start gate (every run passes it, even alone: one code path for all
+    modes, and the loop's start time places the judge calls) up to ``parallel`` runs start up together
+    (verl's start-up leaves the cores idle between stages) and then train one at a time, in plan
+    order: no two measured training loops overlap, and every mode is treated the same way."""
     from verl_async_rm.cpu_backend import launch
 
     for job in jobs:
@@ -353,10 +355,10 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
 
         # the machine is shared: only as many start-ups at once as free memory holds (~3.5 GB a run)
         parallel = min(parallel, default_parallel_startups(len(jobs)))
-        if parallel < len(jobs):
+        if parallel < len(jobs):  # in groups; a group of one still passes its gate (the loop's start time)
             head = execute_group(jobs[:parallel], steps, progress, parallel)
             return head + execute_group(jobs[parallel:], steps, progress, parallel)
-    if parallel <= 1 or len(jobs) == 1 or not start_gate_supported():
+    if not start_gate_supported():
         outcomes = []
         for job in jobs:
             started, load_before = time.monotonic(), os.getloadavg()[0]
@@ -724,8 +726,8 @@ def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, 
         "goals": goals(timing, learning, comparisons),
         "skipped": skipped, "failed_runs": failed, "missing_runs": missing, "retried_runs": list(retried),
         "this_invocation_s": round(time.time() - started, 1), "runs_from_cache": from_cache,
-        # judge calls only for each trainer's first seed (the timeline's), to keep the JSON small
-        "records": [{k: v for k, v in r.items() if k != "extra" and (k != "judge_calls" or r["seed"] == min(seeds[r["trainer"]]))}
+        # judge calls only where the timeline may draw them (instant and heavy-tailed judges), to keep the JSON small
+        "records": [{k: v for k, v in r.items() if k != "extra" and (k != "judge_calls" or r["regime"] in TIMELINE_JUDGE_CALLS)}
                     for r in records],
     }
     report["setup"] = setup_text(report)
@@ -763,6 +765,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--v0-regimes", default="tail_1x,heavy_2.5x", help="v0's regimes (fewer, to fit the time)")
     parser.add_argument("--strategies", default="both,tail", help=f"strategy modes in the timing regimes, of {list(MODES)}")
     parser.add_argument("--failure-modes", default="both_neutral,both_mask", help="modes of the failure regimes")
+    parser.add_argument("--skip", default="", help="regime:mode cells left out of the plan (e.g. to finish a "
+                        "partial benchmark's essential cells first; a later --cached-only report still shows them)")
     parser.add_argument("--compute", help="fix C per trainer (e.g. v1=0.8,v0=0.8) instead of a calibration run")
     parser.add_argument("--decode-s", type=float, default=0.0, help="simulated decode seconds per token in the CPU rollout (every run)")
     parser.add_argument("--work", help="run folders and the per-run cache (default: <out>_runs/)")
@@ -805,6 +809,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         cells = {"v1": [("zero", STOCK), ("heavy_2.5x", "tail" if usable(["tail"], "v1") else "both")]}
     else:
         cells = {t: plan_cells(regimes_of[t], usable(strategies, t), usable(failure_modes, t)) for t in trainers}
+    skip = {tuple(cell.split(":", 1)) for cell in _names(args.skip)}
+    if any(len(cell) != 2 for cell in skip):
+        parser.error(f"--skip: regime:mode pairs, got {args.skip}")
+    cells = {t: [c for c in cs if c not in skip] for t, cs in cells.items()}
     fixed = parse_compute(args.compute)
     runs = plan_runs(seeds, cells, calibrate={t for t in trainers if t not in fixed})
     print(f"{len(runs)} runs of {args.steps} steps ({', '.join(f'{t}: {len(seeds[t])} seeds x {len(cells[t])}' for t in trainers)}); "
@@ -837,6 +845,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 # OOM killer); a mode that fails twice is reported as failed, never dropped silently
                 print(f"[{index}/{len(runs)}] {key}: failed ({outcome}); retrying it alone", flush=True)
                 retried.append(key)
+                kept = job.run_dir.with_name(job.run_dir.name + ".failed")  # its log, for the report's reader
+                shutil.rmtree(kept, ignore_errors=True)
+                if job.run_dir.exists():
+                    job.run_dir.rename(kept)
                 outcome = outcomes[position] = execute_group([job], args.steps, args.progress, 1)[0]
             if isinstance(outcome, Exception):  # reported at the end; the rest of the benchmark goes on
                 print(f"[{index}/{len(runs)}] {key}: FAILED: {outcome}", flush=True)

@@ -50,11 +50,18 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
     (stock with an instant judge, stock, the strategies), rebuilt from the JSON's per-step records."""
     records = report["records"]
     trainer = "v1" if any(r["trainer"] == "v1" for r in records) else records[0]["trainer"]
-    seed = min(r["seed"] for r in records if r["trainer"] == trainer)
     regime = next(g for g in (*TIMELINE_REGIMES, None) if g is None or any(r["regime"] == g for r in records))
-    mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed}
-    lanes = {f"{STOCK}, instant judge": mine.get(("zero", STOCK))}
-    lanes |= {mode: mine.get((regime, mode)) for mode in TIMELINE_MODES}
+
+    def lanes_of(seed):
+        mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed}
+        return {f"{STOCK}, instant judge": mine.get(("zero", STOCK)), **{m: mine.get((regime, m)) for m in TIMELINE_MODES}}
+
+    def completeness(seed):  # the seed with the most lanes, then the most lanes with judge calls, then the lowest
+        lanes = [r for r in lanes_of(seed).values() if r is not None]
+        return (len(lanes), sum(bool(r.get("judge_calls")) for r in lanes), -seed)
+
+    seed = max(sorted({r["seed"] for r in records if r["trainer"] == trainer}), key=completeness)
+    lanes = lanes_of(seed)
     results = {name: ModeResult(r["mode"], r["step_times"], r["phases"], r["blocked"] or [], r["scores"],
                                 judge_calls=[tuple(c) for c in r.get("judge_calls") or []])
                for name, r in lanes.items() if r is not None}

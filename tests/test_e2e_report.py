@@ -373,7 +373,7 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
     import verl_async_rm.demo as demo
     from verl_async_rm.cpu_backend.start_gate import passed_marker
 
-    events = []
+    events, phase = [], ["together"]
 
     class FakeTrainer:
         def __init__(self, cfg, progress=True):
@@ -397,7 +397,8 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
             return False
 
         def open_gate(self):
-            assert all(e[0] == "start" for e in events[:3])  # every start-up began before any training
+            if phase == ["together"]:
+                assert [e[0] for e in events[:3]] == ["start"] * 3  # every start-up began before any training
             self.gate_opened_s = 40.0
             events.append(("open", self.name))
             passed_marker(self.gate).write_text("1000.0\n")
@@ -425,8 +426,20 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
     assert isinstance(outcomes[1], RuntimeError) and "ended before training" in str(outcomes[1])
     first = outcomes[0]
     assert first.startup_s == 30.0 and first.wall_s == 30.0 + 12.0  # the wait at the gate is not the run's
-    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: 1)  # memory for one at a time: no gate
+    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: 1)  # memory for one at a time
     events.clear()
+    phase[0] = "alone"
     outcomes = e2e.execute_group(jobs[:1] + jobs[2:], steps=3, progress=False, parallel=3)
-    assert events == [("start", "first", False), ("done", "first"), ("start", "third", False), ("done", "third")]
+    assert events == [("start", "first", True), ("open", "first"), ("done", "first"),  # still through the gate
+                      ("start", "third", True), ("open", "third"), ("done", "third")]
     assert all(isinstance(o, e2e.Outcome) for o in outcomes)
+
+
+@quick
+def test_skip_leaves_cells_out_of_the_plan(capsys):
+    argv = ["--trainers", "v1", "--seeds", "0", "--regimes", "tail_1x", "--strategies", "both", "--dry-run"]
+    assert e2e.main([*argv, "--skip", "tail_1x:both,zero:both"]) == 0
+    plan = capsys.readouterr().out
+    assert "tail_1x baseline" in plan and "tail_1x both" not in plan and "zero both" not in plan
+    with pytest.raises(SystemExit):
+        e2e.main([*argv, "--skip", "tail_1x"])
