@@ -623,37 +623,15 @@ def _goal_figure(goal: dict) -> str:
 
 
 def _regime_cell(report: dict, trainer: str, regime: str) -> str:
-    compute = report["compute_per_step_s"].get(trainer)
+    compute = report["regime_compute_s"].get(trainer)  # the C the run's latencies were made of
     if regime == "zero" or not compute:
         return regime
     r = REGIMES[regime]
     return f"{regime} ({r.tail_x * compute:.2f} s)"
 
 
-def _legacy_markdown(report: dict) -> str:
-    """The tables of the previous e2e.json format (v0 only, one bound): kept only until the first
-    benchmark of this format is committed. TODO(issue 14): delete with that commit."""
-    compute = report["compute_per_step_s"]
-    lines = ["| latency tail (× compute) | run | loop time s | reduction vs baseline | reward wait hidden | blocked on rewards per step s |",
-             "|---|---|---|---|---|---|"]
-    for row in report["timing"]:
-        regime = f"{row['latency_hi_s']:g} s ({row['latency_hi_s'] / compute:.1f}×)"
-        lines.append(f"| {regime} | {row['mode']} | {_fmt(row['loop_time_s'])} | {_fmt(row['reduction_vs_baseline'], True)} "
-                     f"| {_fmt(row['hidden_fraction'], True)} | {_fmt(row['blocked_on_rewards_per_step_s'])} |")
-    lines += ["", "| run | toy reward, first 3 steps | toy reward, last 3 steps | last 3 steps minus the baseline's (paired, 95% interval) | worse beyond noise |",
-              "|---|---|---|---|---|"]
-    for row in report["learning"]:
-        diff = row["final_minus_baseline"]
-        paired = "—" if diff is None else f"{diff['mean']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]"
-        worse = {None: "—", True: "**yes**", False: "no"}[row["worse_beyond_noise"]]
-        lines.append(f"| {row['mode']} | {_fmt(row['first_reward'])} | {_fmt(row['final_reward'])} | {paired} | {worse} |")
-    return "\n".join(lines) + "\n"
-
-
 def markdown(report: dict) -> str:
     """The README's e2e tables (a test checks the README quotes them verbatim)."""
-    if "setup" not in report:
-        return _legacy_markdown(report)
     lines = [f"Setup: {report['setup']}", ""]
     lines += ["| trainer | regime | run | loop time s | reduction vs stock | hidden (stock bound) | hidden (same-mode bound) "
               "| blocked on rewards per step s | staleness mean / max |",

@@ -69,10 +69,7 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
 
 
 def draw_e2e_timeline(path: Path = E2E_TIMELINE) -> str:
-    report = json.loads((RESULTS / "e2e.json").read_text())
-    if "setup" not in report:  # the previous format (see bench/e2e.py _legacy_markdown)
-        return "none: e2e.json predates per-run records"
-    title, results = timeline_runs(report)
+    title, results = timeline_runs(json.loads((RESULTS / "e2e.json").read_text()))
     draw_timeline(results, path)
     return title
 

@@ -137,7 +137,7 @@ def test_goals_are_judged_against_the_same_mode_bound_and_show_failures():
     never_slower = next(g for g in slower if g["goal"].startswith("strategies never slower"))
     assert never_slower["pass"] is False and never_slower["figure"]["regime"] == "zero"
     text = e2e.markdown({"setup": "s", "timing": [], "learning": [], "comparisons": [], "goals": slower,
-                         "compute_per_step_s": {}})
+                         "compute_per_step_s": {}, "regime_compute_s": {}})
     assert "**FAIL**" in text and "not measured" in text
 
 
@@ -443,3 +443,12 @@ def test_skip_leaves_cells_out_of_the_plan(capsys):
     assert "tail_1x baseline" in plan and "tail_1x both" not in plan and "zero both" not in plan
     with pytest.raises(SystemExit):
         e2e.main([*argv, "--skip", "tail_1x"])
+
+
+@quick
+def test_regime_cells_name_the_latency_the_runs_were_given():
+    """The regime's seconds come from the C the latencies were made of (the calibration's), not from
+    the median of every zero-latency run, which drifts with the machine's load."""
+    report = {"setup": "s", "timing": timing_table(synthetic()), "learning": [], "comparisons": [], "goals": [],
+              "regime_compute_s": {"v1": 1.5}, "compute_per_step_s": {"v1": 1.2}}
+    assert "| v1 | tail_1x (1.50 s) | both |" in e2e.markdown(report)
