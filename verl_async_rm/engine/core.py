@@ -43,12 +43,14 @@ from verl_async_rm.engine.executors import executor_for
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
+from verl_async_rm.engine.spend import Spending
+from verl_async_rm.engine.verdicts import VerdictBook
 from verl_async_rm.limits import approx_tokens, strict_bucket
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.normalize import normalize_group_scores
 from verl_async_rm.outcome import (
-    AgentClosed, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
+    AgentClosed, BudgetExceeded, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
 )
 from verl_async_rm.policy import failure_policy, resolve_group
 from verl_async_rm.retry import RetryPolicy
@@ -126,6 +128,10 @@ class ScoringEngine:
             cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
             enabled=config.adaptive_concurrency,
         ))
+        # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py).
+        self.spend = Spending(config, token_estimator or approx_tokens)
+        self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
+        self.budget_error: BudgetExceeded | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=executor_for(reward, config.executor, config.sync_workers, loop),
@@ -142,6 +148,9 @@ class ScoringEngine:
             tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
             token_estimator=token_estimator or approx_tokens,
             cache=ResultCache(config.cache_size) if config.cache else None,
+            spend=self.spend,
+            on_budget_spent=self._budget_spent,
+            answer_early=functools.partial(self.verdicts.answer_from_log, settle=self._settle) if self.verdicts else None,
         )
         self.tickets: dict[str, TicketRun] = {}
         self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
@@ -172,6 +181,7 @@ class ScoringEngine:
         """More samples of an open ticket; they start scoring at once. Bad input raises here and
         adds nothing."""
         run = self._open_run(ticket)
+        self._check_budget()
         run.ledger.add([(item.index, item.uid) for item in items])
         run.budget.total += len(items)
         self._enqueue(run, items)
@@ -195,6 +205,7 @@ class ScoringEngine:
     def _new_ticket(self, ledger: TicketLedger, samples: int) -> TicketRun:
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
+        self._check_budget()
         ticket = f"{self.id}-{next(self._ticket_numbers)}"
         now = self.loop.time()
         run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(samples, self.config.max_failure_rate))
@@ -406,6 +417,7 @@ class ScoringEngine:
         that gets no new member for ``group_wait`` seconds is resolved with the members it has."""
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
+        self._check_budget()
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         now = self.loop.time()
@@ -489,6 +501,8 @@ class ScoringEngine:
             self.metrics.failures_by_kind[outcome.kind] += 1
         else:
             self.metrics.completed += 1
+        if self.verdicts is not None and self._log_verdict(sample, outcome, now):
+            return
         if isinstance(owner, TicketRun):
             if owner.error is not None:
                 return
@@ -600,6 +614,47 @@ class ScoringEngine:
                                           [settled_at.pop(i, None) for i in result.indices], now - run.submitted_at, now))
         self._serve(run)
 
+    # -- judge operations: the verdict log and the budget ------------------------------------------------
+    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float) -> bool:
+        """Append a settled sample to the verdict log; True if the log cannot be written (then
+        everything fails loudly: a run that believes it is resumable must be)."""
+        owner = sample.owner
+        if isinstance(owner, TicketRun):
+            latency, ticket, uid = now - owner.submitted_at, owner.ticket, sample.item.uid
+        else:
+            latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
+        self.verdicts.record(sample, outcome, latency, ticket, uid)
+        problem = self.verdicts.failed_writes()
+        if problem is not None:
+            self._systemic_failure(problem)
+            return True
+        return False
+
+    def _check_budget(self) -> None:
+        if self.budget_error is not None:
+            raise BudgetExceeded(str(self.budget_error))
+
+    def _budget_spent(self, sample: Sample) -> None:
+        """The next request could cross the budget and nothing in flight can free room: stop. Every
+        unsettled sample (queued or waiting to retry: nothing is in flight) is refused as a ``budget``
+        failure (counted, logged) and every ticket and stream member fails with ``BudgetExceeded``,
+        so no refused sample is ever scored by the failure policy."""
+        message = self.spend.stop_message(sample)
+        self.budget_error = BudgetExceeded(message)
+        refused = [s for run in self.tickets.values() if run.error is None for s in run.samples.values() if not s.settled]
+        refused += [m.sample for members in self.stream_members.values() for m in members
+                    if m.sample is not None and not m.sample.settled]
+        now = self.loop.time()
+        for unsettled in refused:
+            unsettled.settled = True
+            self.pipeline.abandon(unsettled)
+            self.metrics.failed += 1
+            self.metrics.failures_by_kind["budget"] += 1
+            if self.verdicts is not None:
+                self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
+        _log.error("reward agent: %s; %d samples refused", message, len(refused))
+        self._fail_all(BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')"))
+
     # -- failing everything ---------------------------------------------------------------------------
     def _systemic_failure(self, message: str, budget: bool = False) -> None:
         """Failures are systematic: every open ticket and every waiting stream member gets the error."""
@@ -636,6 +691,9 @@ class ScoringEngine:
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
             **self.flow.snapshot(now),
+            **self.spend.ledger.snapshot(),
+            resumed=self.verdicts.resumed if self.verdicts is not None else 0,
+            verdicts_logged=self.verdicts.writer.written if self.verdicts is not None else 0,
         )
 
     async def aclose(self, timeout: float = 10.0) -> int:
@@ -647,6 +705,8 @@ class ScoringEngine:
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
         await self._close_reward()
+        if self.verdicts is not None:  # written and fsynced before close returns (a thread: off the loop)
+            await self.loop.run_in_executor(None, self.verdicts.close)
         if self._hook_threads is not None:
             self._hook_threads.shutdown(wait=False, cancel_futures=True)  # a hung hook's thread cannot be joined
         return stuck
