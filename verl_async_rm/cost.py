@@ -96,7 +96,10 @@ def take_usage(extra: dict) -> Usage | None:
     Raises ValueError (the sample fails as ``invalid``) when the usage cannot be read."""
     if USAGE_KEY not in extra:
         return None
-    usage = usage_from(extra.pop(USAGE_KEY))
+    value = extra.pop(USAGE_KEY)
+    if value is None:  # e.g. ``response.usage`` of a server that reports none: not reported
+        return None
+    usage = usage_from(value)
     extra[INPUT_KEY] = usage.input_tokens
     extra[OUTPUT_KEY] = usage.output_tokens
     return usage
@@ -203,3 +206,22 @@ class CostLedger:
             "reserved_tokens": self.reserved.total,
             "budget_overruns": self.overruns,
         }
+
+
+def chunk_usage(extra_info: Mapping[str, list]) -> Usage:
+    """The reported usage of a chunk's samples (their ``usage_*`` extra-info columns)."""
+    tokens_in = extra_info.get(INPUT_KEY) or ()
+    tokens_out = extra_info.get(OUTPUT_KEY) or ()
+    return Usage(sum(int(x) for x in tokens_in if x is not None), sum(int(x) for x in tokens_out if x is not None))
+
+
+def usage_metrics(step: Usage, total: Usage, prices: Prices, prefix: str = "async_reward/") -> dict[str, float]:
+    """Per-step and cumulative judge tokens and cost, for verl's logger."""
+    return {
+        f"{prefix}judge_input_tokens": float(step.input_tokens),
+        f"{prefix}judge_output_tokens": float(step.output_tokens),
+        f"{prefix}judge_cost": float(prices.cost(step)),
+        f"{prefix}judge_input_tokens_total": float(total.input_tokens),
+        f"{prefix}judge_output_tokens_total": float(total.output_tokens),
+        f"{prefix}judge_cost_total": float(prices.cost(total)),
+    }

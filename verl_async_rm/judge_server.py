@@ -180,6 +180,9 @@ class JudgeServerConfig:
     error_body_bytes: int = 0
     seed: int | None = 0  # None = nondeterministic
     judge: Callable[[list[dict]], str] = default_judge
+    # Token usage reported per completion: usage(messages, reply) -> (prompt_tokens, completion_tokens);
+    # None = words in the messages and the reply. The sums of what 200 answers reported are in stats().
+    usage: Callable[[list[dict], str], tuple[int, int]] | None = None
     max_timestamps: int = 1_000_000  # arrival timestamps kept for sliding-window stats (bounded memory)
     max_records: int = 200_000  # per-request records (arrival, outcome, finish) kept, most recent
     shutdown_timeout_s: float = 1.0  # grace for in-flight non-hung handlers on close()
@@ -348,6 +351,8 @@ class JudgeStats:
     elapsed_s: float = 0.0  # since start / last reset
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)  # arrival order; last max_records only
     storms: tuple[tuple[float, float, float], ...] = ()  # (start, end, retry_after), monotonic seconds
+    prompt_tokens_served: int = 0  # usage reported by the 200 answers (a completion that was scored)
+    completion_tokens_served: int = 0
 
     def max_requests_in_window(self, window_s: float) -> int:
         return max_requests_in_window(self.arrivals, window_s)
@@ -451,6 +456,7 @@ class _Counters:
             self.arrivals: deque[float] = deque(maxlen=self._max)
             # [arrived, outcome, finished] per request, mutated in place until it finishes
             self.records: deque[list] = deque(maxlen=self._max_records)
+            self.prompt_tokens = self.completion_tokens = 0
             self.t0 = time.monotonic()
 
     def snapshot(self) -> JudgeStats:
@@ -464,6 +470,8 @@ class _Counters:
                 elapsed_s=time.monotonic() - self.t0,
                 records=tuple(RequestRecord(*r) for r in self.records),
                 storms=tuple(self.storms),
+                prompt_tokens_served=self.prompt_tokens,
+                completion_tokens_served=self.completion_tokens,
             )
 
 
@@ -745,9 +753,12 @@ class JudgeServer:
         return outcome, delay, payload
 
     def _completion(self, body: dict, content: str) -> dict:
-        prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
         n = body.get("n") if isinstance(body.get("n"), int) and body.get("n", 1) > 0 else 1
-        completion_tokens = max(1, len(content.split())) * n
+        if self.config.usage is not None:
+            prompt_tokens, completion_tokens = self.config.usage(body["messages"], content)
+        else:
+            prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
+            completion_tokens = max(1, len(content.split())) * n
         return {
             "id": f"chatcmpl-judge-{next(self._ids)}",
             "object": "chat.completion",
@@ -817,7 +828,11 @@ class JudgeServer:
                     del good["choices"]
                     return web.json_response(good)
                 return web.json_response(self._completion(body, "I cannot decide; it looks plausible."))
-            return web.json_response(self._completion(body, payload))  # ok, or a hang that outlived its client
+            completion = self._completion(body, payload)  # ok, or a hang that outlived its client
+            with c.lock:
+                c.prompt_tokens += completion["usage"]["prompt_tokens"]
+                c.completion_tokens += completion["usage"]["completion_tokens"]
+            return web.json_response(completion)
         finally:
             with c.lock:
                 c.in_flight -= 1

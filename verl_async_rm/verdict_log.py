@@ -5,7 +5,7 @@ time), ``ticket`` (one per submitted batch, a training step's; null on the per-s
 ``index``, ``uid``, ``score`` (the reward's own score, before the failure policy and the group
 hook; null if it failed), ``extra`` (its extra info), ``verdict`` (the judge's text, if the extra
 info has ``judge_reply``, ``verdict`` or ``explanation``), ``latency_s`` (submit to settled),
-``attempts``, ``failure`` (the failure kind, null on success), ``error``, ``input_tokens`` /
+``request_s`` (its last attempt, sent to answered), ``attempts``, ``failure`` (the failure kind, null on success), ``error``, ``input_tokens`` /
 ``output_tokens`` (what the judge reported; null if nothing) and ``cost`` (with prices).
 
 **Crash safety.** Appends go through one background thread (``VerdictWriter``): the event loop only

@@ -623,7 +623,7 @@ class ScoringEngine:
             latency, ticket, uid = now - owner.submitted_at, owner.ticket, sample.item.uid
         else:
             latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
-        self.verdicts.record(sample, outcome, latency, ticket, uid)
+        self.verdicts.record(sample, outcome, latency, ticket, uid, now)
         problem = self.verdicts.failed_writes()
         if problem is not None:
             self._systemic_failure(problem)

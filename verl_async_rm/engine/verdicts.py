@@ -59,7 +59,7 @@ class VerdictBook:
         error = self.writer.error
         return None if error is None else f"the verdict log {self.writer.path} cannot be written: {error}"
 
-    def record(self, sample, outcome: Outcome, latency: float, ticket: str | None, uid) -> None:
+    def record(self, sample, outcome: Outcome, latency: float, ticket: str | None, uid, now: float) -> None:
         if isinstance(outcome, Scored):
             if outcome.cached:  # answered from the log or the cache: nothing new to keep
                 return
@@ -74,6 +74,8 @@ class VerdictBook:
         record.update({
             "v": VERSION, "key": self.key(sample), "t": time.time(), "ticket": ticket, "index": sample.item.index,
             "uid": uid, "latency_s": latency, "attempts": outcome.attempts,
+            # the last attempt's own time (sent -> answered), apart from time spent queued or retrying
+            "request_s": None if sample.attempt is None else now - sample.attempt.sent_at,
             "input_tokens": tokens_in, "output_tokens": tokens_out, "cost": cost,
         })
         self.writer.append(record)
