@@ -61,6 +61,8 @@ ZERO = Usage()
 
 
 def _count(value: Any, what: str) -> int:
+    if value.__class__ is int and value >= 0:  # the common case, without the checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
         raise ValueError(f"usage {what} must be a non-negative integer, got {value!r}")
     return int(value)
@@ -70,14 +72,16 @@ def usage_from(value: Any) -> Usage:
     """``Usage`` from what a reward reported (see the module docstring); ValueError if unusable."""
     if isinstance(value, Usage):
         return value
-    if not isinstance(value, Mapping) and not hasattr(value, "prompt_tokens") and not hasattr(value, "input_tokens"):
+    if value.__class__ is not dict and not isinstance(value, Mapping) and not hasattr(value, "prompt_tokens") and not hasattr(value, "input_tokens"):
         inner = getattr(value, "usage", None)  # a whole response
         if inner is None:
             raise ValueError(f"usage must be an OpenAI usage object, a response with .usage or a mapping; got {type(value).__name__}")
         value = inner
 
+    mapping = value.__class__ is dict or isinstance(value, Mapping)
+
     def get(name: str) -> Any:
-        return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+        return value.get(name) if mapping else getattr(value, name, None)
 
     for input_name, output_name in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens")):
         tokens_in, tokens_out = get(input_name), get(output_name)
@@ -118,6 +122,10 @@ class Prices:
 
     def cost(self, usage: Usage) -> Fraction:
         return (usage.input_tokens * self.input_per_million + usage.output_tokens * self.output_per_million) / MILLION
+
+    def approx_cost(self, input_tokens: int, output_tokens: int) -> float:
+        """In floats, for one request's figure in the verdict log (totals use ``cost``, exact)."""
+        return (input_tokens * float(self.input_per_million) + output_tokens * float(self.output_per_million)) / MILLION
 
 
 class BudgetExhausted(Exception):

@@ -11,7 +11,7 @@ from typing import Callable
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.pipeline import DONE
-from verl_async_rm.cost import INPUT_KEY, OUTPUT_KEY, Prices, Usage
+from verl_async_rm.cost import INPUT_KEY, OUTPUT_KEY, Prices
 from verl_async_rm.loader import UserReward
 from verl_async_rm.outcome import Failed, Outcome, Scored
 from verl_async_rm.verdict_log import VERSION, VerdictWriter, load_resume_answers, request_key, verdict_text
@@ -70,7 +70,7 @@ class VerdictBook:
         else:
             tokens_in = tokens_out = None
             record = {"score": None, "extra": {}, "verdict": None, "failure": outcome.kind, "error": outcome.message}
-        cost = None if tokens_in is None else float(self.prices.cost(Usage(tokens_in, tokens_out or 0)))
+        cost = None if tokens_in is None else self.prices.approx_cost(tokens_in, tokens_out or 0)
         record.update({
             "v": VERSION, "key": self.key(sample), "t": time.time(), "ticket": ticket, "index": sample.item.index,
             "uid": uid, "latency_s": latency, "attempts": outcome.attempts,
