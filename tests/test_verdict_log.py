@@ -216,3 +216,20 @@ def test_score_refuses_resume_without_a_log(tmp_path):
     code = main(["score", "--input", str(tmp_path / "in.jsonl"), "--reward-file", JUDGE, "--reward-name", "JudgeReward",
                  "--output", str(tmp_path / "o.jsonl"), "--resume"])
     assert code == 2 and not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.quick
+def test_the_trainer_setting_names_the_log_and_bad_paths_fail_at_start(tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.integration.settings import settings_from_verl_config
+
+    def settings(**block):
+        return settings_from_verl_config(OmegaConf.create({"reward": {"async_agent": block}}))
+
+    agent = settings(verdict_log=str(tmp_path / "v.jsonl"), token_budget=10_000).agent
+    assert agent.verdict_log == str(tmp_path / "v.jsonl") and agent.verdict_log_resume and agent.token_budget == 10_000
+    with pytest.raises(ValueError, match=r"reward.async_agent: .*verdict_log .* does not exist"):
+        settings(verdict_log=str(tmp_path / "no" / "v.jsonl"))
+    with pytest.raises(ValueError, match=r"reward.async_agent: .*money_budget needs"):
+        settings(money_budget=1.0)
