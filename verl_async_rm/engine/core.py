@@ -18,6 +18,10 @@ Lives on one event loop and is only touched from it (the facades in ``agent.py``
   request on the hot path (the zero-latency figures in bench/agent_throughput.py) for structure
   the pipeline's single exit (``_attempt_ended``) already gives. Virtual-time tests use an
   asyncio loop with a virtual clock (looptime) instead of trio's MockClock.
+- **Judge operations.** Each outcome settled here is appended to the verdict log, and samples the
+  log already holds are answered from it instead of sent (``engine/verdicts.py``); the pipeline
+  asks ``engine/spend.py`` before each send, and a spent budget stops everything through
+  ``_budget_spent`` (refused samples are ``budget`` failures, never scored).
 - **Loud failure.** A ticket fails with ``FailureBudgetExceeded`` past ``max_failure_rate``; the
   whole agent (every ticket, every waiting stream member) past the same rate over its recent
   samples, ``max_hung_calls`` or ``max_throttled_s``.
