@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import random
 from fractions import Fraction
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -199,3 +200,42 @@ def test_a_reward_that_reports_nothing_is_charged_its_reservation_and_the_budget
     assert calls == 5 and metrics["usage_estimated_requests"] == 5  # 5 x (50 + 150) = 1,000
     assert metrics["estimated_input_tokens"] + metrics["estimated_output_tokens"] == 1_000
     assert metrics["input_tokens"] == 0 and metrics["failures_by_kind"] == {"budget": 15}
+
+
+def test_the_strategies_log_each_steps_usage_and_the_running_total(tmp_path):
+    """What the trainer strategies hand verl's logger (``StepScheduler.reward_metrics``)."""
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.strategies.rewards import BatchRewards
+    from verl_async_rm.strategies.scheduler import StepScheduler
+
+    reward = tmp_path / "judge.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    n = int(solution_str)\n"
+        "    return {'score': 1.0, 'usage': {'prompt_tokens': 100 + n, 'completion_tokens': n % 7}}\n"
+    )
+    config = OmegaConf.create({
+        "reward": {"custom_reward_function": {"path": str(reward), "name": "compute_score"},
+                   "async_agent": {"price_input_per_million": 3.0, "price_output_per_million": 15.0}},
+        "actor_rollout_ref": {"rollout": {"n": 4}},
+    })
+    rewards = BatchRewards(config, tokenizer=None)
+    try:
+        steps = []
+        for start in (0, 32):
+            requests = [{"index": i, "solution_str": str(start + i), "ground_truth": None, "data_source": "t",
+                         "extra_info": None, "uid": i // 4} for i in range(32)]
+            pending = rewards.submit(requests)
+            rewards.take(pending, 8)  # a mini-batch, then the rest: both counted
+            rewards.take(pending)
+            scheduler = SimpleNamespace(rewards=rewards, plan=SimpleNamespace(samples_per_mini_batch=8))
+            steps.append(StepScheduler.reward_metrics(scheduler, SimpleNamespace(rewards=pending, weights_step=0), 1))
+    finally:
+        rewards.client.close()
+    first_in, first_out = sum(100 + n for n in range(32)), sum(n % 7 for n in range(32))
+    all_in, all_out = sum(100 + n for n in range(64)), sum(n % 7 for n in range(64))
+    assert steps[0]["async_reward/judge_input_tokens"] == first_in and steps[0]["async_reward/judge_output_tokens"] == first_out
+    assert steps[1]["async_reward/judge_input_tokens"] == all_in - first_in
+    assert steps[1]["async_reward/judge_input_tokens_total"] == all_in
+    assert steps[1]["async_reward/judge_cost_total"] == float(Fraction(3 * all_in + 15 * all_out, 1_000_000))
