@@ -181,10 +181,9 @@ class CostLedger:
             self.overruns += 1
 
     def record(self, reported: Usage | None) -> None:
-        """A request sent without a reservation (no budget configured) ended."""
+        """A request sent without a reservation (no budget configured) reported its usage."""
         if reported is None:
-            self.estimated_requests += 1  # nothing reserved, so nothing to charge: only counted
-            return
+            return  # nothing reserved, so nothing to charge
         self.reported += reported
         self.reported_requests += 1
 

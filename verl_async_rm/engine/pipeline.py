@@ -180,7 +180,7 @@ class RequestPipeline:
             if not attempt.finished:
                 attempt.finished = True
                 self.flow.on_abandoned()
-                if self.spend is not None:  # it may have been billed: charged its reservation
+                if self.budgeted:  # it may have been billed: charged its reservation
                     self.spend.release(sample, None)
             self._give_up(attempt)
         elif state == WAITING and sample.timer is not None:
@@ -427,7 +427,7 @@ class RequestPipeline:
         if not attempt.finished:
             attempt.finished = True
             reported = self._decide(attempt, value, error, cancelled)
-            if self.spend is not None:
+            if self.budgeted or reported is not None:  # nothing to do for an unbudgeted, unreported call
                 self._spent(attempt.sample, reported, error)
         # Last: freeing the slot pumps the queue, which must see what this answer taught the flow control.
         if not still_running and not hung:
