@@ -264,3 +264,4 @@ def test_verdicts_accepted_only_with_one_finite_score_per_member(scores, expecte
 def test_unusable_verdicts_named(value, match):
     with pytest.raises(RewardFunctionError, match=match):
         normalize_group_verdicts(value, 2, "J")
+
