@@ -175,25 +175,22 @@ class LeaseTable:
 def fair_shares(cap: int, demands: dict[str, int]) -> dict[str, int]:
     """Integer shares of ``cap``: water-filled over the demands (nobody gets more than it wants while
     another wants more), then what is left over split equally (a lone job holds the whole cap, so
-    new work needs no heartbeat to start)."""
+    its new work needs no heartbeat to start)."""
     shares = dict.fromkeys(demands, 0)
     left = cap
-    wanting = sorted(demands, key=lambda j: demands[j])
-    while wanting and left > 0:
-        each = max(1, left // len(wanting))
-        job = wanting[0]
-        give = min(demands[job] - shares[job], each, left)
-        if demands[job] - shares[job] <= each:
-            wanting.pop(0)
-        else:
-            for other in wanting:  # every remaining job wants at least ``each`` more
-                give_other = min(each, left)
-                shares[other] += give_other
-                left -= give_other
-            wanting = [j for j in wanting if demands[j] > shares[j]]
-            continue
-        shares[job] += give
-        left -= give
+    wanting = sorted(j for j in demands if demands[j] > 0)
+    while left > 0 and wanting:
+        each = left // len(wanting)
+        if each == 0:  # fewer slots than jobs wanting one: the first ones (by name) get them
+            for job in wanting[:left]:
+                shares[job] += 1
+            left = 0
+            break
+        for job in wanting:
+            give = min(each, demands[job] - shares[job])
+            shares[job] += give
+            left -= give
+        wanting = [j for j in wanting if shares[j] < demands[j]]
     jobs = sorted(demands)
     for i, job in enumerate(jobs):  # the spare, equally (the first ones get the remainder)
         shares[job] += left // len(jobs) + (1 if i < left % len(jobs) else 0)

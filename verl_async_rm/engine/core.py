@@ -152,6 +152,11 @@ class ScoringEngine:
             token_estimator=token_estimator,
             cache=ResultCache(config.cache_size) if config.cache else None,
         )
+        self.shared = None
+        if config.shared_limits is not None:  # Ray is imported only then (shared_limits.py)
+            from verl_async_rm.shared_limits import SharedLimitsClient
+
+            self.shared = SharedLimitsClient(self.pipeline, self.flow, config, loop)
         self.tickets: dict[str, TicketRun] = {}
         self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
         self.stream = StreamGroups()
@@ -677,6 +682,7 @@ class ScoringEngine:
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
             **self.flow.snapshot(now),
+            **(self.shared.snapshot() if self.shared is not None else {}),
         )
 
     async def aclose(self, timeout: float = 10.0) -> int:
@@ -687,6 +693,8 @@ class ScoringEngine:
         self.closed = AgentClosed("the reward agent was closed")
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
+        if self.shared is not None:
+            await self.shared.aclose()
         await self._close_reward()
         if self._hook_threads is not None:
             self._hook_threads.shutdown(wait=False, cancel_futures=True)  # a hung hook's thread cannot be joined
