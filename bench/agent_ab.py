@@ -8,8 +8,8 @@ and get wake-up.
    "get called" (5 runs of 400 groups).
 4. Shared limits (``shared_limits``, a lease from the cluster's limiter actor) off vs on for a single
    job: the same sync zero-latency loop (the worst case for per-request overhead), alternating
-   rounds, each in a fresh process connected to a fresh local Ray; with the cap only, and with a
-   (non-binding) requests_per_minute too (leased permits instead of the local bucket).
+   off/on within one process connected to a local Ray; with the cap only, and with a (non-binding)
+   requests_per_minute too (leased permits instead of the local bucket).
     python bench/agent_ab.py --base ab4d0ac      # the revision before the thread bridge
     python bench/agent_ab.py --only shared_limits --rounds 5
 """
@@ -93,22 +93,52 @@ def wakeup_both_ways(runs: int = 5, groups: int = 400, group_size: int = 8) -> l
     return results
 
 
+SHARED_AB = r'''
+import json, os, sys, time
+sys.path.insert(0, REPO)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+import torch, transformers, transformers.modeling_utils  # as in any verl process
+import ray
+from verl_async_rm import RewardAgent
+def zero_sync(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0
+items = [{"solution_str": "x", "ground_truth": "x", "data_source": "b", "uid": i // 8, "extra_info": {}} for i in range(10000)]
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # both sides beside a connected Ray
+def rate(config):
+    best = 0.0
+    for _ in range(3):
+        with RewardAgent(zero_sync, config) as agent:
+            start = time.perf_counter(); ticket = agent.submit(items, 8); got = 0
+            while chunk := agent.get(ticket, 512):
+                got += len(chunk)
+            best = max(best, got / (time.perf_counter() - start))
+    return best
+out = []
+for i in range(ROUNDS):
+    off = rate({"max_concurrency": 256, **LIMITS})
+    on = rate({"max_concurrency": 256, **LIMITS, "shared_limits": {"endpoint": f"bench-{i}"}})
+    out.append((off, on))
+    print(json.dumps([off, on]), flush=True)
+'''
 SHARED_VARIANTS = {"cap": {}, "cap_and_rpm": {"requests_per_minute": 1e8}}
 
 
 def shared_limits_ab(rounds: int) -> dict:
-    """Sync zero-latency scores/s without and with shared_limits, alternating; the overhead is the
+    """Sync zero-latency scores/s without and with shared_limits, alternating within one process
+    connected to a local Ray (each figure the best of 3 runs of 10,000 samples); the cost is the
     median of the per-round ratios (rounds alternate, so drifting machine load hits both sides)."""
     import statistics
 
     out = {}
     for name, limits in SHARED_VARIANTS.items():
-        off, on = [], []
-        for i in range(rounds):
-            shared = {**limits, "shared_limits": {"endpoint": f"bench-{name}-{i}"}}
-            off.append(round(throughput(str(ROOT), extra=limits, ray=True)))
-            on.append(round(throughput(str(ROOT), extra=shared, ray=True)))
-            print(f"{name}: shared limits off {off[-1]:,}/s  on {on[-1]:,}/s", flush=True)
+        code = f"REPO={str(ROOT)!r}\nROUNDS={rounds}\nLIMITS={limits!r}\n" + SHARED_AB
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
+        if run.returncode != 0:
+            raise RuntimeError(f"shared-limits A/B failed: {run.stderr[-3000:]}")
+        pairs = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
+        off, on = [round(a) for a, _ in pairs], [round(b) for _, b in pairs]
+        for a, b in zip(off, on):
+            print(f"{name}: shared limits off {a:,}/s  on {b:,}/s", flush=True)
         ratios = [b / a for a, b in zip(off, on)]
         out[name] = {"off": off, "on": on, "on_over_off_median": round(statistics.median(ratios), 3),
                      "cost_percent": round(100 * (1 - statistics.median(ratios)), 1)}

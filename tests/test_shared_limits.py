@@ -111,3 +111,31 @@ def test_without_the_setting_no_limiter_and_no_lease(ray_session):
         assert "shared_slots" not in agent.metrics()
     after = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     assert not {n for n in after - before if n.startswith(ACTOR_PREFIX)}
+
+
+
+def test_two_agent_actors_share_the_limit_as_training_uses_them(ray_session):
+    """The path verl's reward workers use: the agent as a named async Ray actor, one per job, the
+    engine built on the actor's loop; two such actors with shared limits hold the cap together, as
+    the loopback judge counts it."""
+    import ray
+
+    from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm.loader import RewardSpec
+    from verl_async_rm.ray_agent import get_or_create_agent_actor
+
+    config = {"max_concurrency": 3, "shared_limits": {"endpoint": "t-actors"}}
+    with JudgeServer(JudgeServerConfig(latency=0.1)) as server:
+        spec = RewardSpec("pkg://verl_async_rm.user_rewards.llm_judge", "JudgeReward",
+                          {"base_url": server.base_url, "model": "judge-stub"})
+        actors = [get_or_create_agent_actor(spec, config, name=f"agent-shared-{i}") for i in range(2)]
+        try:
+            batch = [{"solution_str": "it is 1", "ground_truth": 1, "uid": i} for i in range(40)]
+            tickets = ray.get([actor.submit.remote(batch, 1) for actor in actors])
+            chunks = ray.get([actor.get.remote(ticket) for actor, ticket in zip(actors, tickets)], timeout=120)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        stats = server.stats()
+    assert [chunk.scores for chunk in chunks] == [[1.0] * 40] * 2
+    assert stats.requests == 80 and stats.peak_in_flight == 3  # alone, each actor would reach 3
