@@ -43,9 +43,9 @@ class SharedLimiter:
         self.endpoint = endpoint
         self.table = LeaseTable(ttl=lease_ttl, permit_ttl=permit_ttl, batch_s=batch_s)
 
-    def register(self, job: str, limits: dict) -> dict:
+    def register(self, job: str, limits: dict, want_requests: float = 0.0, want_tokens: float = 0.0) -> dict:
         self.table.register(job, EndpointLimits(**limits), time.time())
-        return self.heartbeat(job, demand=0, in_use=0, applied=-1)
+        return self.heartbeat(job, demand=0, in_use=0, applied=-1, want_requests=want_requests, want_tokens=want_tokens)
 
     def heartbeat(self, job: str, **report) -> dict:
         return dataclasses.asdict(self.table.heartbeat(job, now=time.time(), **report))
@@ -78,17 +78,21 @@ class LeasedPermits:
         self.client = client
         self.whole = whole
         self.batches: deque[list[float]] = deque()  # [expires_at, amount], in expiry order
+        self.total = 0.0  # the amounts in ``batches`` (kept, not summed: this is read per request)
         self.capacity = math.inf  # one request's amount above this is clamped (the shared bucket's capacity)
         self.typical = 1.0  # a request's amount, smoothed: how much to ask for per queued request
 
     def available(self, now: float) -> float:
         while self.batches and self.batches[0][0] <= now:
-            self.batches.popleft()
-        return sum(amount for _, amount in self.batches)
+            self.total -= self.batches.popleft()[1]
+        if not self.batches:
+            self.total = 0.0  # no drift from float arithmetic
+        return self.total
 
     def add(self, amount: float, expires_at: float) -> None:
         if amount > 0:
             self.batches.append([expires_at, amount])
+            self.total += amount
 
     def wait_time(self, now: float, amount: float = 1.0) -> float:
         amount = min(float(amount), self.capacity)
@@ -106,6 +110,7 @@ class LeasedPermits:
             batch = self.batches[0]
             used = min(batch[1], amount)
             batch[1] -= used
+            self.total -= used
             amount -= used
             if batch[1] <= 1e-12:
                 self.batches.popleft()
@@ -138,8 +143,15 @@ class SharedLimitsClient:
         self._task: asyncio.Task | None = None
         self._closed = False
         sent = loop.time()
+        # A job starts with a heartbeat's worth of permits, so its first requests need no round trip
+        # (unused, they expire after permit_ttl: a one-off fraction of the rate).
+        self._initial_wants = {
+            "want_requests": (config.requests_per_minute or 0.0) / 60.0 * self.settings.heartbeat_s,
+            "want_tokens": (config.tokens_per_minute or 0.0) / 60.0 * self.settings.heartbeat_s,
+        }
         try:  # once, at start, in the builder's thread: a conflict must fail the build, loudly
-            grant = ray.get(self.actor.register.remote(self.job, dataclasses.asdict(self.limits)), timeout=60)
+            grant = ray.get(self.actor.register.remote(self.job, dataclasses.asdict(self.limits), **self._initial_wants),
+                            timeout=60)
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, LimitsConflict):
                 raise LimitsConflict(f"shared_limits endpoint {self.settings.endpoint!r}: {exc.cause}") from None
@@ -184,7 +196,8 @@ class SharedLimitsClient:
                 await asyncio.sleep(interval)
                 try:
                     sent = self.loop.time()
-                    self._apply(await self.actor.register.remote(self.job, dataclasses.asdict(self.limits)), sent)
+                    self._apply(await self.actor.register.remote(self.job, dataclasses.asdict(self.limits),
+                                                                 **self._initial_wants), sent)
                 except Exception:  # noqa: BLE001 - tried again at the next beat
                     pass
 
