@@ -50,7 +50,11 @@ class AgentConfig(BaseModel):
     )
     failure_policy: PolicyName = "neutral"
     fill_value: float = Field(0.0, description="score given to a failed sample under failure_policy='fill'")
-    neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral'")
+    neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral' (and 'mask')")
+    min_group_success: int = Field(
+        2, ge=1, description="failure_policy='mask', trainer strategies: a group with fewer usable (scored) samples "
+        "is dropped from training whole"
+    )
     max_attempts: int = Field(3, ge=1, description="attempts per request that end in an error, the first included (429/503 are not counted)")
     backoff_initial: float = Field(0.5, gt=0, description="seconds; exponential backoff with full jitter")
     backoff_max: float = Field(30.0, gt=0, description="no wait is longer, whatever Retry-After says (the deadline still wins)")

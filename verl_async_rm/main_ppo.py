@@ -17,6 +17,7 @@ from omegaconf import DictConfig, open_dict
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
+from verl_async_rm.masking import check_masking, mask_shape_from_config
 from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
 from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
 
@@ -31,6 +32,7 @@ def prepare(config: DictConfig) -> DictConfig:
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
         check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
     check_strategy(strategy, shape_from_config(config))  # everything the strategies cannot run as verl would
+    check_masking(mask_shape_from_config(config))  # failure_policy=mask: only where it is exact
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
     if strategy.enabled and config.trainer.get("use_v1", True):

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
+from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASK, MASKED_SAMPLES_METRIC, decide
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, schedule_updates
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows
@@ -85,6 +86,9 @@ class TrainerOps(Protocol):
     def pipelineable(self, batch, pending: PendingRewards) -> bool: ...
 
     def attach(self, batch, scored: ScoredRows) -> None: ...
+
+    def mask(self, batch, rows: list) -> None:
+        """failure_policy=mask: these rows train on nothing (zero loss mask, zero advantages/returns)."""
 
     def advantages(self, batch, rows: Optional[list], kl: DeferredKL) -> dict: ...
 
@@ -172,6 +176,7 @@ class StepScheduler:
         merger = MetricMerger()
         metrics: dict = {}
         advantaged: set = set()
+        masked: set = set()
         pieces: list[list] = []
         held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken, not yet trained
         for part in range(plan.mini_batches):
@@ -184,10 +189,13 @@ class StepScheduler:
                 else:
                     scored, piece, held = self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
             ops.attach(batch, scored)
+            masked |= self._mask(ops, batch, scored, pending, metrics)
             fresh = [g for g in scored.groups if g not in advantaged]
             advantaged.update(fresh)
             with self.timer("adv", timing_raw, color="brown"):
                 rows = None if piece is None else [row for g in fresh for row in rows_of_group[g]]
+                if masked:  # advantages of the usable rows alone: group statistics without the masked ones
+                    rows = [row for row in (order if rows is None else rows) if row not in masked]
                 metrics.update(ops.advantages(batch, rows, kl))
             pieces.append(piece)
             for call in schedule.after_piece(part):
@@ -200,6 +208,23 @@ class StepScheduler:
             metrics.update(kl.flush())
         metrics["async_reward/pipelined"] = float(pipelined)
         return metrics
+
+    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict) -> set:
+        """failure_policy=mask: mask the failed rows of these whole groups, and every row of a group
+        left with fewer than min_group_success usable samples (see verl_async_rm/masking.py)."""
+        agent = self.rewards.settings.agent
+        if agent.failure_policy != MASK:
+            return set()
+        # a sample (one reward request) may stand for several rows (v1: a session's outputs); without
+        # the pending tickets (rows scored elsewhere) each row counts as its own sample
+        sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows} if pending is not None else {}
+        decision = decide(scored.rows, scored.row_groups, [sample_of_row.get(row, row) for row in scored.rows],
+                          scored.extra_info["reward_failed"], agent.min_group_success)
+        metrics[MASKED_SAMPLES_METRIC] = metrics.get(MASKED_SAMPLES_METRIC, 0) + decision.masked_samples
+        metrics[DROPPED_GROUPS_METRIC] = metrics.get(DROPPED_GROUPS_METRIC, 0) + decision.dropped_groups
+        if decision.any:
+            ops.mask(batch, list(decision.masked_rows))
+        return set(decision.masked_rows)
 
     def _take_index_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
         """verl's own mini-batch ``part``: rows [part*size, (part+1)*size) of the batch order. Takes

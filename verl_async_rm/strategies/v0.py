@@ -48,6 +48,7 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl_async_rm.integration.decode import decode_requests, valid_response_lengths
+from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN, MASK, check_masking, mask_shape_from_config
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
@@ -99,6 +100,19 @@ class V0Ops:
         batch.batch["token_level_scores"][rows, lengths - 1] = torch.as_tensor(scored.scores, dtype=torch.float32)
         for key, values in scored.extra_info.items():
             batch.non_tensor_batch[key][scored.rows] = object_array(values)
+
+    def mask(self, batch: DataProto, rows: list) -> None:
+        """failure_policy=mask: the rows leave the loss and its token count (verl's engine counts the
+        mini-batch's tokens from ``response_mask``), with zero advantages, returns and rewards; the
+        other rows' advantages are then computed without them (``StepScheduler._mask``)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        batch.batch["response_mask"][index] = 0
+        for key in ("advantages", "returns", "token_level_rewards"):
+            if key not in batch.batch.keys():
+                batch.batch[key] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
+            batch.batch[key][index] = 0
+        if self.correction is not None:  # the whole-batch rollout-correction mask, applied per mini-batch
+            self.correction[0][index] = 0
 
     def advantages(self, batch: DataProto, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         """KL-in-reward, rollout correction and advantages for whole groups, as verl's loop does them."""
@@ -161,6 +175,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self.strategy = strategy_from_mapping(self.config)
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)  # also reached through verl's own entry point
+        check_masking(mask_shape_from_config(self.config))
         self.plan = plan_mini_batches(self.strategy, shape)
         self.rewards: BatchRewards | None = None
         self.scheduler: StepScheduler | None = None
@@ -355,6 +370,10 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:
             extra = {key: batch.non_tensor_batch[key] for key in self.rewards.fixed_keys}
+            if self.rewards.settings.agent.failure_policy == MASK:
+                # what the updates trained on: a masked row has no loss tokens and a zero advantage
+                extra[LOSS_TOKENS_COLUMN] = batch.batch["response_mask"].sum(-1).tolist()
+                extra[ADVANTAGE_COLUMN] = batch.batch["advantages"][:, 0].tolist()
             self._log_rollout_data(batch, {"uid": batch.non_tensor_batch["uid"], **extra}, timing_raw, rollout_data_dir)
         return batch
 

@@ -33,6 +33,14 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl_async_rm.integration.decode import decode_requests, sessions_of
+from verl_async_rm.masking import (
+    ADVANTAGE_COLUMN,
+    LOSS_MASK_TOKENS_COLUMN,
+    LOSS_TOKENS_COLUMN,
+    MASK,
+    check_masking,
+    mask_shape_from_config,
+)
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
@@ -98,6 +106,12 @@ class V1Ops:
         """``rm_scores``: each row's score on its last response token, as verl's agent loop puts it."""
         self.trainer._put_scores(batch.partition_id, scored)
 
+    def mask(self, batch: KVBatchMeta, rows: list) -> None:
+        """failure_policy=mask: zero ``response_mask`` and ``loss_mask`` (verl's engine counts a
+        mini-batch's tokens from the latter, its losses read the former), advantages and returns of
+        these rows in TransferQueue; the other rows' advantages are computed without them."""
+        self.trainer._put_masked(batch.partition_id, rows)
+
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         trainer = self.trainer
         metrics: dict = {}
@@ -132,6 +146,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self.strategy = strategy_from_mapping(self.config)
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)
+        check_masking(mask_shape_from_config(self.config))
         self.plan = plan_mini_batches(self.strategy, shape)
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
@@ -200,6 +215,17 @@ class AsyncRewardTrainer(PPOTrainerSync):
             ]
         tq.kv_batch_put(keys=scored.rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
+    def _put_masked(self, partition_id: str, rows: list) -> None:
+        masks = tq.kv_batch_get(keys=rows, partition_id=partition_id, select_fields=["response_mask", "loss_mask"])
+        zeros = [torch.zeros_like(mask) for mask in masks["response_mask"].unbind()]
+        fields = {
+            "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
+            "loss_mask": torch.nested.as_nested_tensor([torch.zeros_like(m) for m in masks["loss_mask"].unbind()], layout=torch.jagged),
+        }
+        for name in ("advantages", "returns"):
+            fields[name] = torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged)
+        tq.kv_batch_put(keys=rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
+
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
         """Validation (and any whole-batch scoring): through the agent, waiting for every score."""
         pending = self._submit(batch)
@@ -260,6 +286,30 @@ class AsyncRewardTrainer(PPOTrainerSync):
         probe = DataProto(batch=data.to_padded_tensor())
         _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
         return metrics
+
+    # -- the rollout dump --------------------------------------------------------------------------
+    def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str):
+        """verl's dump; with failure_policy=mask also what the updates trained on, per row."""
+        self._mask_columns = None
+        if self.rewards.settings.agent.failure_policy == MASK:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=["response_mask", "loss_mask", "advantages"])
+            self._mask_columns = {
+                key: {LOSS_TOKENS_COLUMN: int(mask.sum()), LOSS_MASK_TOKENS_COLUMN: int(loss.sum()),
+                      ADVANTAGE_COLUMN: float(adv[0]) if len(adv) else 0.0}
+                for key, mask, loss, adv in zip(batch.keys, data["response_mask"].unbind(),
+                                                data["loss_mask"].unbind(), data["advantages"].unbind())
+            }
+        return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+
+    def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        columns = getattr(self, "_mask_columns", None)
+        if columns and "uid" in reward_extra_infos_dict:  # verl's training dump: rows by trajectory key
+            keys = reward_extra_infos_dict["uid"]
+            for name in (LOSS_TOKENS_COLUMN, LOSS_MASK_TOKENS_COLUMN, ADVANTAGE_COLUMN):
+                reward_extra_infos_dict[name] = [columns[key][name] for key in keys]
+            self._mask_columns = None
+        return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _save_checkpoint(self):
