@@ -250,3 +250,17 @@ def test_the_per_sample_manager_refuses_mask_without_a_strategy_and_main_ppo_ref
             prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1",
                                                     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]))
         assert prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1"])).reward.async_agent.failure_policy == "mask"
+
+
+def test_verls_engines_count_a_mini_batchs_tokens_from_the_loss_mask_we_zero():
+    """The token count ``token-mean`` divides by is the engine's sum of ``loss_mask`` over the
+    mini-batch (all data-parallel ranks): why zeroing a sample's mask takes it out of the
+    denominator too (v0: ``left_right_2_no_padding`` makes ``loss_mask`` the ``response_mask``; v1:
+    TransferQueue keeps its own ``loss_mask``, which the strategies zero as well)."""
+    import inspect
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    source = inspect.getsource(FSDPEngine.forward_backward_batch)
+    assert 'batch_num_tokens = data["loss_mask"].sum()' in source
+    assert 'data["loss_mask"] = data["response_mask"]' in inspect.getsource(left_right_2_no_padding)

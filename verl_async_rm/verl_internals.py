@@ -107,6 +107,16 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.protocol", "pad_dataproto_to_divisor", ("data", "size_divisor"), "decode.real_length_of_padded undoes it"),
     ("verl.trainer.ppo.core_algos", "ADV_ESTIMATOR_REGISTRY", None, "plan.py classifies every estimator"),
     ("verl.trainer.ppo.core_algos", "AdaptiveKLController.update", ("self", "current_kl", "n_steps"), "kl.py"),
+    # -- failure_policy=mask: masking.py (what it relies on), strategies/v1.py ---------------------------
+    ("verl.trainer.ppo.core_algos", "agg_loss",
+     ("loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size"),
+     "masking.py: token modes divide by the mask's tokens, seq-mean modes by global_batch_size"),
+    ("verl.workers.utils.losses", "ppo_loss", ("config", "model_output", "data"), "masking.py, tests/test_masking_verl.py"),
+    ("verl.workers.utils.losses", "value_loss", ("config", "model_output", "data"), "masking.py: the critic's loss, same mask"),
+    ("verl.workers.utils.padding", "left_right_2_no_padding", ("data",), "masking.py: v0's loss_mask is its response_mask"),
+    (V1_TRAINER, "PPOTrainer._log_rollout_data", ("self", "batch", "timing_raw", "rollout_data_dir"), "v1.py overrides it (mask columns)"),
+    (V1_TRAINER, "PPOTrainer._dump_generations",
+     ("self", "inputs", "outputs", "gts", "scores", "reward_extra_infos_dict", "dump_path"), "v1.py overrides it (mask columns)"),
     # -- CPU backend: cpu_backend/__init__.py, rollout.py -------------------------------------------------
     ("verl.plugin.platform.platform_manager", "_current_platform", None, "cpu_backend: platform resolved early"),
     ("verl.plugin.platform.platform_manager", "PlatformRegistry", None, "cpu_backend"),

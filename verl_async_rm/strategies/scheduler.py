@@ -214,17 +214,16 @@ class StepScheduler:
         metrics["async_reward/pipelined"] = float(pipelined)
         return metrics
 
-    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: PendingRewards, metrics: dict) -> set:
+    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict) -> set:
         """failure_policy=mask: mask the failed rows of these whole groups, and every row of a group
         left with fewer than min_group_success usable samples (see verl_async_rm/masking.py)."""
         agent = self.rewards.settings.agent
         if agent.failure_policy != MASK:
             return set()
-        if pending is not None:
-            sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows}
-        else:  # the pool's steps: every row is its own request (groups of one size, one row each)
-            sample_of_row = {row: i for i, row in enumerate(scored.rows)}
-        decision = decide(scored.rows, scored.row_groups, [sample_of_row[row] for row in scored.rows],
+        # a sample (one reward request) may stand for several rows (v1: a session's outputs); without
+        # the pending tickets (rows scored elsewhere) each row counts as its own sample
+        sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows} if pending is not None else {}
+        decision = decide(scored.rows, scored.row_groups, [sample_of_row.get(row, row) for row in scored.rows],
                           scored.extra_info["reward_failed"], agent.min_group_success)
         metrics[MASKED_SAMPLES_METRIC] = metrics.get(MASKED_SAMPLES_METRIC, 0) + decision.masked_samples
         metrics[DROPPED_GROUPS_METRIC] = metrics.get(DROPPED_GROUPS_METRIC, 0) + decision.dropped_groups
