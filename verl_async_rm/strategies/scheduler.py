@@ -41,6 +41,7 @@ class GeneratedBatch:
     epoch: int
     loader_state: Optional[dict]  # the dataloader's state before this batch was drawn: resuming there regenerates it
     weights_step: int  # the global step whose weights generated it (staleness = trainer step - 1 - this)
+    positions: Optional[dict] = None  # group -> the prompt's position in the drawn batch (the pool's checkpoints)
 
 
 class Lookahead:
@@ -160,15 +161,19 @@ class StepScheduler:
         return MiniBatchPlan(self.plan.samples_per_mini_batch * self.plan.mini_batches, 1, 1,
                              self.plan.actor_epochs, self.plan.critic_epochs)
 
-    def train(self, ops: TrainerOps, batch, pending: PendingRewards, *, update_actor: bool, timing_raw: dict,
-              kl_controller: Any = None) -> dict:
-        """Score, advantage and update one generated batch; returns the step's metrics."""
-        pipelined = self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
+    def train(self, ops: TrainerOps, batch, pending: Optional[PendingRewards], *, update_actor: bool, timing_raw: dict,
+              kl_controller: Any = None, scored: Optional[ScoredRows] = None) -> dict:
+        """Score, advantage and update one generated batch; returns the step's metrics. ``scored``:
+        every row's score already in hand (the staleness pool's batches): one whole-batch update."""
+        pipelined = scored is None and self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
         plan = self.plan if pipelined else self._whole_batch()
         schedule = schedule_updates(plan, use_critic=self.use_critic, update_actor=update_actor)
         kl = DeferredKL(kl_controller) if kl_controller is not None else None
         order = ops.rows(batch)
-        group_of_row = {row: pending.group_of[r] for r, rows in enumerate(pending.rows_of) for row in rows}
+        if scored is not None:
+            group_of_row = dict(zip(scored.rows, scored.row_groups))
+        else:
+            group_of_row = {row: pending.group_of[r] for r, rows in enumerate(pending.rows_of) for row in rows}
         rows_of_group: dict[Any, list] = {}
         for row in order:
             if row in group_of_row:
@@ -182,7 +187,7 @@ class StepScheduler:
         for part in range(plan.mini_batches):
             with self.timer("reward_wait", timing_raw, color="yellow"):
                 if not pipelined:
-                    scored, piece = self.rewards.take(pending), None
+                    scored, piece = (scored if scored is not None else self.rewards.take(pending)), None
                 elif self.strategy.mini_batch_order == "completion":
                     scored = self.rewards.take(pending, plan.samples_per_mini_batch)
                     piece = list(scored.rows)
@@ -252,6 +257,9 @@ class StepScheduler:
             **rewards.timing.metrics(),
             **latency_metrics(rewards.latencies),
             "async_reward/staleness": global_steps - 1 - generated.weights_step,
+            # the pool's per-sample names, for one metric across modes (every sample of a batch alike here)
+            "async_rm/staleness/mean": float(global_steps - 1 - generated.weights_step),
+            "async_rm/staleness/max": float(global_steps - 1 - generated.weights_step),
             "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / max(1, rewards.group_size),
             "async_reward/failed": rewards.failed,
         }

@@ -61,6 +61,9 @@ from verl_async_rm.strategies.plan import (
 )
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
+from verl_async_rm.strategies.streaming import ROW_KEY, TICKET_KEY
+
+STALENESS_COLUMN = "async_rm_staleness"
 from verl_async_rm.strategies.workers import update_flags
 
 def images_seqlens(batch: DataProto) -> list:
@@ -336,9 +339,19 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         gen_batch.meta_info["global_steps"] = self.global_steps
         rollout_n = self.config.actor_rollout_ref.rollout.n
         gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+        stream = None
+        if self.strategy.stream_rewards:  # each sample is added to this ticket as its rollout finishes
+            stream = self.rewards.open_stream(rollout_n)
+            gen_batch.meta_info[TICKET_KEY] = stream.ticket
+            gen_batch.non_tensor_batch[ROW_KEY] = np.arange(len(gen_batch), dtype=np.int64)
         if profile:
             self.llm_server_manager.start_profile()
-        output = self.async_rollout_manager.generate_sequences(gen_batch)
+        try:
+            output = self.async_rollout_manager.generate_sequences(gen_batch)
+        except BaseException:
+            if stream is not None:
+                self.rewards.abandon_stream(stream)
+            raise
         if profile:
             self.llm_server_manager.stop_profile()
         timing_raw.update(output.meta_info.pop("timing", {}))
@@ -351,13 +364,22 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
-            requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
-            rewards = self.rewards.submit(requests)
+            if stream is not None:
+                # the sample of generation row r is index r of the ticket; balancing moved the rows
+                sources = batch.non_tensor_batch.pop(ROW_KEY)
+                uids = batch.non_tensor_batch["uid"]
+                rewards = self.rewards.close_stream(stream, {int(r): (i,) for i, r in enumerate(sources)},
+                                                    {int(r): uids[i] for i, r in enumerate(sources)})
+            else:
+                requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
+                rewards = self.rewards.submit(requests)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
 
     # -- one step ---------------------------------------------------------------------------------
     def _train_step(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
         batch = current.batch
+        # per sample: policy updates between the weights that generated it and the ones it trains
+        batch.non_tensor_batch[STALENESS_COLUMN] = object_array([self.global_steps - 1 - current.weights_step] * len(batch))
         ops = V0Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         self._compute_policy_inputs(batch, ops, metrics, timing_raw)
         update_actor = self.config.trainer.critic_warmup <= self.global_steps
