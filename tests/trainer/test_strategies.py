@@ -34,7 +34,9 @@ from tests.trainer.seam_reward import fails
 from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
 from verl_async_rm.cpu_backend.toy_task import score_text, write_dataset
 
-pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+# The first test's setup runs the module's shared fixture: a dozen trainers one after another
+# (~1 min each on 2 idle cores), more than the suite's 900 s per-test timeout allows.
+pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = {"v0": 16, "v1": 4}
 REWARD = str(Path(__file__).parent / "seam_reward.py")
