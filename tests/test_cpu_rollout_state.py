@@ -94,3 +94,56 @@ def test_without_free_cache_engine_sleep_frees_nothing_as_in_verls_vllm_server(m
         return srv.sleeps_since_update
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_lengths_vary_and_each_response_arrives_when_it_is_done(model_dir, monkeypatch):
+    """Real decoding: responses differ in length and a short one is not held back by a long one
+    in the same batch (the strategies score each sample as its rollout finishes)."""
+    from verl_async_rm.cpu_backend.names import DECODE_S_ENV
+    from verl_async_rm.cpu_backend.rollout import MIN_LENGTH_FRACTION
+
+    monkeypatch.setenv(DECODE_S_ENV, "0.005")  # 5 ms per token
+    sampling = {**SAMPLING, "max_tokens": 12}
+
+    async def scenario():
+        srv = server(model_dir)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(i):
+            out = await srv.generate(f"det-{i}", PROMPTS[i % 3], sampling)
+            return len(out.token_ids), loop.time() - start
+
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    done = asyncio.run(scenario())
+    lengths = [n for n, _ in done]
+    assert len(set(lengths)) > 1 and min(lengths) >= 12 * MIN_LENGTH_FRACTION and max(lengths) <= 12
+    # deterministic requests are sampled one by one; within that, arrival times follow lengths:
+    # the total is the sum of lengths, and the first answer comes after one response, not all
+    first = min(t for _, t in done)
+    assert first < 0.5 * max(t for _, t in done)
+    assert lengths == [n for n, _ in asyncio.run(scenario())]  # same seed, same lengths
+
+
+def test_a_batch_delivers_each_row_as_it_finishes(model_dir, monkeypatch):
+    from verl_async_rm.cpu_backend.names import DECODE_S_ENV
+
+    monkeypatch.setenv(DECODE_S_ENV, "0.02")
+    sampling = {**SAMPLING, "max_tokens": 12}
+
+    async def scenario():
+        srv = server(model_dir)  # non-deterministic ids: one batch for all
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(i):
+            out = await srv.generate(f"r{i}", PROMPTS[i % 3], sampling)
+            return len(out.token_ids), loop.time() - start
+
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    done = sorted(asyncio.run(scenario()))
+    assert done[0][0] < done[-1][0]
+    # the shortest response was answered well before the longest (same batch, 20 ms per token)
+    assert done[-1][1] - done[0][1] >= 0.02 * (done[-1][0] - done[0][0]) * 0.5

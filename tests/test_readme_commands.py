@@ -33,7 +33,7 @@ def readme_commands(module: str) -> list[list[str]]:
 
 def test_the_readme_shows_both_entry_points():
     assert len(readme_commands("verl.trainer.main_ppo")) == 1
-    assert len(readme_commands("verl_async_rm.main_ppo")) == 2
+    assert len(readme_commands("verl_async_rm.main_ppo")) == 3  # the async_agent manager, the strategies, mask
 
 
 def test_stock_entry_point_command_runs_as_written(tmp_path, monkeypatch):
@@ -78,7 +78,9 @@ def test_our_entry_point_commands_compose_and_pass_the_start_checks():
     for overrides in readme_commands("verl_async_rm.main_ppo"):
         with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
             configs.append(prepare(compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides))))
-    in_verl, strategies = configs
+    in_verl, strategies, masked = configs
+    assert masked.mini_batch_pipeline and masked.reward.async_agent.failure_policy == "mask"
+    assert masked.reward.async_agent.min_group_success == 2
     assert in_verl.reward.reward_manager.name == "async_agent" and in_verl.reward.async_agent.max_concurrency == 64
     assert strategies.mini_batch_pipeline and strategies.off_policy_steps == 1
     assert strategies.reward.custom_reward_function.reward_kwargs.model == "judge"

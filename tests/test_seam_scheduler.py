@@ -22,10 +22,10 @@ REWARD = str(Path(__file__).parent / "trainer" / "seam_reward.py")
 N, PROMPTS, MINI = 4, 8, 2  # 8 groups of 4, mini-batches of 2 groups
 
 
-def rewards(extra_keys=("verdict",)) -> BatchRewards:
+def rewards(extra_keys=("verdict",), **agent) -> BatchRewards:
     config = OmegaConf.create({
         "reward": {"custom_reward_function": {"path": REWARD, "name": "delayed"},
-                   "async_agent": {"actor_name": f"seam-{uuid.uuid4().hex}", "extra_keys": list(extra_keys)}},
+                   "async_agent": {"actor_name": f"seam-{uuid.uuid4().hex}", "extra_keys": list(extra_keys), **agent}},
         "actor_rollout_ref": {"rollout": {"n": N}},
     })
     return BatchRewards(config, tokenizer=None)
@@ -60,6 +60,9 @@ class FakeOps:
             self.scores[row] = score
         self.events.append(("attach", list(scored.rows)))
 
+    def mask(self, batch, rows):
+        self.events.append(("mask", list(rows)))
+
     def advantages(self, batch, rows, kl):
         if kl is not None:
             kl.update(current_kl=0.1 * (1 + len(rows or self.order)), n_steps=len(rows or self.order))
@@ -81,14 +84,14 @@ def layout(seed=0):
 
 
 def run_step(order_mode="completion", use_critic=False, epochs=1, delays=None, fails=(), controller=None,
-             shape_changes=None, pipelineable=True):
+             shape_changes=None, pipelineable=True, agent_settings=None):
     order, group_of_row = layout()
     strategy = StrategyConfig(True, 0, order_mode)
     shape = TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N, ppo_epochs=epochs,
                          critic_epochs=epochs, use_critic=use_critic, adv_estimator="gae" if use_critic else "grpo",
                          **(shape_changes or {}))
     plan = plan_mini_batches(strategy, shape)
-    agent = rewards()
+    agent = rewards(**(agent_settings or {}))
     delays = delays or {g: 0.02 * ((g * 5) % PROMPTS) for g in range(PROMPTS)}  # groups finish out of order
     pending = agent.submit(requests_for(order, group_of_row, delays, fails))
     ops = FakeOps(order, pipelineable)
@@ -136,6 +139,46 @@ def test_failures_in_some_mini_batches_keep_one_key_set():
     ops, metrics, *_ = run_step(fails=failing)
     assert len(ops.keys) == 1  # every chunk the same columns, failures or not
     assert ops.keys.pop() == ("acc", "reward_failed", "reward_failure", "verdict")
+
+
+@pytest.mark.parametrize("order_mode,pipelineable", [("completion", True), ("index", True), ("completion", False)])
+def test_mask_takes_failed_rows_and_thin_groups_out_before_their_advantages_and_updates(order_mode, pipelineable):
+    """failure_policy=mask: each mini-batch's failed rows (and every row of a group left with fewer
+    than min_group_success usable samples) are masked before advantages are computed, and never
+    reach an advantage computation; the updates still see every row (with a zero loss mask)."""
+    _, group_of_row = layout()
+    failing = {r for r in range(PROMPTS * N) if r % 7 == 0} | {4, 5, 6}  # group 1: rows 4..7, one left
+    ops, metrics, group_of_row, order, plan = run_step(
+        order_mode, fails=failing, pipelineable=pipelineable,
+        agent_settings={"failure_policy": "mask", "min_group_success": 2, "max_failure_rate": 1.0})
+    thin = {g for g in range(PROMPTS) if sum(1 for r in range(PROMPTS * N) if group_of_row[r] == g and r not in failing) < 2}
+    expected = failing | {r for r in range(PROMPTS * N) if group_of_row[r] in thin}
+    assert thin == {1}
+    masked_events = [e[1] for e in ops.events if e[0] == "mask"]
+    assert sorted(r for rows in masked_events for r in rows) == sorted(expected)  # each masked row once
+    seen_masked: set = set()
+    advantaged: list = []
+    for event in ops.events:
+        if event[0] == "mask":
+            seen_masked |= set(event[1])
+        elif event[0] == "adv":
+            assert event[1] is not None and not set(event[1]) & expected  # usable rows only
+            advantaged += event[1]
+        elif event[0] == "update" and event[4] is not None:
+            assert set(event[4]) & expected <= seen_masked  # masked before any update trains on it
+    assert sorted(advantaged) == sorted(set(range(PROMPTS * N)) - expected)
+    assert metrics["async_rm/masked_samples"] == len(expected)
+    assert metrics["async_rm/dropped_groups"] == 1
+
+
+def test_mask_without_failures_changes_nothing():
+    plain, _, *_ = run_step("index")
+    masked, metrics, *_ = run_step("index", agent_settings={"failure_policy": "mask"})
+    updates = lambda ops: [e for e in ops.events if e[0] == "update"]  # noqa: E731
+    advantaged = lambda ops: sorted(r for e in ops.events if e[0] == "adv" for r in e[1])  # noqa: E731
+    assert updates(masked) == updates(plain) and advantaged(masked) == advantaged(plain)
+    assert not [e for e in masked.events if e[0] == "mask"]
+    assert metrics["async_rm/masked_samples"] == 0 and metrics["async_rm/dropped_groups"] == 0
 
 
 def test_later_epochs_run_as_verl_over_the_whole_batch_and_the_critic_waits_for_whole_mini_batches():

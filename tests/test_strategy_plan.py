@@ -227,3 +227,36 @@ def test_reward_timing_overlap():
     assert timing.metrics()["async_reward/overlap_ratio"] == pytest.approx(0.75)  # 3 of 4 s hidden
     assert RewardTiming(0.0).metrics()["async_reward/overlap_ratio"] == 1.0
     assert latency_metrics([1.0, 2.0, 3.0])["async_reward/latency_max_s"] == 3.0 and latency_metrics([]) == {}
+
+
+def test_pool_and_auto_lookahead_flags():
+    pooled = strategy_from_mapping({"off_policy_steps": "auto", "max_staleness": 2, "on_stale": "drop"})
+    assert (pooled.auto_off_policy, pooled.off_policy_steps, pooled.max_staleness, pooled.on_stale) == (True, 1, 2, "drop")
+    assert pooled.enabled and pooled.pooled and pooled.stream_rewards
+    assert not strategy_from_mapping({"mini_batch_pipeline": True}).pooled
+    assert not strategy_from_mapping({"stream_rewards": False, "mini_batch_pipeline": True}).stream_rewards
+    for bad in ({"max_staleness": -1}, {"max_staleness": "1"}, {"on_stale": "skip"}, {"off_policy_steps": "often"},
+                {"stream_rewards": "yes"}):
+        with pytest.raises(ValueError):
+            strategy_from_mapping(bad)
+
+
+@pytest.mark.parametrize(
+    "values, changes, match",
+    [
+        ({"max_staleness": 1, "mini_batch_pipeline": True}, {}, "nothing for mini_batch_pipeline"),
+        ({"max_staleness": 1, "off_policy_steps": 1}, {"use_v1": False}, "v1 trainer only"),
+        ({"off_policy_steps": 1}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
+        ({"off_policy_steps": "auto"}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
+        ({"max_staleness": 0}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
+    ],
+)
+def test_pool_combinations_that_would_be_wrong_are_refused(values, changes, match):
+    with pytest.raises(ValueError, match=match):
+        check_strategy(strategy_from_mapping(values), shape(**changes))
+
+
+def test_on_policy_correction_without_rollout_log_probs_stays_verls_business():
+    check_strategy(strategy_from_mapping({"mini_batch_pipeline": True}), shape(rollout_correction=True, calculate_log_probs=False))
+    check_strategy(strategy_from_mapping({"max_staleness": 1, "off_policy_steps": 1}),
+                   shape(rollout_correction=True, calculate_log_probs=True))

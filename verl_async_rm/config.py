@@ -10,6 +10,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from verl_async_rm.policy import PolicyName
 
 
+class SharedLimitsConfig(BaseModel):
+    """Share this job's endpoint limits (``max_concurrency``, ``requests_per_minute``,
+    ``tokens_per_minute``) and its 429 back-off with every job on the Ray cluster that names the same
+    ``endpoint``: a detached named actor ``async_rm_limiter:<endpoint>`` leases them out
+    (see ``verl_async_rm/lease_table.py`` for the design). Needs Ray (``ray.init`` on the cluster)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(..., min_length=1, description="the shared endpoint's name: jobs naming it share its limits")
+    namespace: str = Field("verl_async_rm", min_length=1, description="Ray namespace of the limiter actor")
+    lease_ttl: float = Field(10.0, gt=0, description="a job silent this long (crashed) loses its lease")
+    heartbeat_s: float = Field(0.2, gt=0, description="seconds between a job's lease renewals")
+    permit_ttl: float = Field(2.0, gt=0, description="seconds a batch of rate permits stays usable")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SharedLimitsConfig:
+        if self.heartbeat_s * 4 > self.lease_ttl:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be at most lease_ttl/4 ({self.lease_ttl / 4:g}): "
+                             "a job stops sending when it has not renewed its lease for lease_ttl/2")
+        return self
+
+
 class AgentConfig(BaseModel):
     """Every field has a default; unknown keys are errors (a typo must not be silently ignored)."""
 
@@ -28,7 +50,11 @@ class AgentConfig(BaseModel):
     )
     failure_policy: PolicyName = "neutral"
     fill_value: float = Field(0.0, description="score given to a failed sample under failure_policy='fill'")
-    neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral'")
+    neutral_value: float = Field(0.0, description="score of every sample of an all-failed group under 'neutral' (and 'mask')")
+    min_group_success: int = Field(
+        2, ge=1, description="failure_policy='mask', trainer strategies: a group with fewer usable (scored) samples "
+        "is dropped from training whole"
+    )
     max_attempts: int = Field(3, ge=1, description="attempts per request that end in an error, the first included (429/503 are not counted)")
     backoff_initial: float = Field(0.5, gt=0, description="seconds; exponential backoff with full jitter")
     backoff_max: float = Field(30.0, gt=0, description="no wait is longer, whatever Retry-After says (the deadline still wins)")
@@ -52,6 +78,9 @@ class AgentConfig(BaseModel):
     )
     cache: bool = Field(False, description="score identical requests once per run (judges are stochastic: off by default)")
     cache_size: int = Field(100_000, ge=1)
+    shared_limits: SharedLimitsConfig | None = Field(
+        None, description="share the limits above with other jobs on the Ray cluster naming the same endpoint"
+    )
     # Judge operations (cost.py, verdict_log.py).
     price_input_per_million: float | None = Field(None, ge=0, description="money per 1M input tokens (cost figures, money_budget)")
     price_output_per_million: float | None = Field(None, ge=0, description="money per 1M output tokens")

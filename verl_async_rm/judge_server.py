@@ -67,6 +67,7 @@ __all__ = [
     "THROTTLE_OUTCOMES",
     "default_judge",
     "extract_last_number",
+    "group_prompt",
     "max_requests_in_window",
 ]
 
@@ -110,13 +111,37 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+# A group judge's prompt (one call for a whole group): a reference and numbered candidates.
+_CANDIDATE = re.compile(r'<candidate id="(\d+)">(.*?)</candidate>', re.DOTALL)
+
+
+def group_prompt(messages: list[dict]) -> tuple[str, list[str]] | None:
+    """(reference, candidates in id order) of a group judge's prompt, or None if it is not one. A
+    fixture's parser: a candidate that itself contains ``</candidate>`` is cut there."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    text = _text_of(users[-1].get("content")) if users else ""
+    candidates = _CANDIDATE.findall(text)
+    if not candidates:
+        return None
+    rest = _CANDIDATE.sub("", text)
+    ref = _REFERENCE.search(rest)
+    ordered = [body for _, body in sorted(candidates, key=lambda c: int(c[0]))]
+    return (ref.group(1) if ref else ""), ordered
+
+
 def default_judge(messages: list[dict]) -> str:
     """"1" if the last number in ``<response>`` equals the number in ``<reference>``, else "0".
+    A group prompt (``<candidate id="i">`` blocks, see ``group_prompt``) gets one such verdict per
+    candidate, in id order, space-separated ("1 0 1 1"): the ranking mode of the same endpoint.
 
     The reference is searched *outside* the response span, so a policy response that itself
     contains ``<reference>..</reference>`` cannot overwrite the real reference, whatever order
     the prompt template puts the two blocks in.
     """
+    group = group_prompt(messages)
+    if group is not None:
+        want = extract_last_number(group[0])
+        return " ".join("1" if want is not None and extract_last_number(c) == want else "0" for c in group[1])
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
         return "0"

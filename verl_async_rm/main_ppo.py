@@ -17,10 +17,12 @@ from omegaconf import DictConfig, open_dict
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
+from verl_async_rm.masking import check_masking, mask_shape_from_config
 from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
 from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
+V1_STREAMING_CLASS = "verl_async_rm.strategies.streaming_v1.StreamingAgentLoopManagerTQ"  # = streaming.V1_MANAGER_CLASS (light import here)
 CONFIG_NAME = "async_ppo_trainer"  # verl_async_rm/hydra_conf/: verl's ppo_trainer plus our settings
 SETTINGS_CONFIG = "async_reward_settings"  # our keys alone, shared by async_ppo_trainer and async_ppo_megatron_trainer
 
@@ -31,11 +33,18 @@ def prepare(config: DictConfig) -> DictConfig:
     if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
         check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
     check_strategy(strategy, shape_from_config(config))  # everything the strategies cannot run as verl would
+    check_masking(mask_shape_from_config(config))  # failure_policy=mask: only where it is exact
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
     if strategy.enabled and config.trainer.get("use_v1", True):
         with open_dict(config):
             config.trainer.v1.trainer_mode = V1_MODE
+        if strategy.stream_rewards:
+            if chosen and chosen != V1_STREAMING_CLASS:
+                raise ValueError(f"stream_rewards needs agent_loop_manager_class={V1_STREAMING_CLASS}, not {chosen} "
+                                 "(or set stream_rewards=false)")
+            with open_dict(config):
+                agent.agent_loop_manager_class = V1_STREAMING_CLASS  # workers add each sample to the step's ticket
     elif strategy.enabled:
         if chosen and chosen != AGENT_LOOP_CLASS:
             raise ValueError(f"the strategies need agent_loop_manager_class={AGENT_LOOP_CLASS}, not {chosen}")

@@ -8,6 +8,10 @@ complete numeric scores (failed samples already filled, flagged in their extra i
   ``neutral_value`` for every sample, so the whole group contributes nothing.
 - ``fill``: a failed sample gets ``fill_value``.
 - ``raise``: the ticket fails with the first failure, the sample named.
+- ``mask``: the failed sample is to contribute nothing to training. The agent cannot drop a sample
+  from a loss, so it answers as ``neutral`` does (every consumer that ignores the flag sees a
+  harmless value) and the sample is flagged ``reward_failed``; the trainer strategies then exclude
+  it from the loss, its normalisation and its group's statistics (``verl_async_rm/masking.py``).
 
 Each policy is a small value object with one question to answer: what score does a failed sample
 of this group get? (``None``: none, raise.) The config names one; ``failure_policy`` builds it.
@@ -21,8 +25,8 @@ from typing import Literal, Protocol
 from verl_async_rm.engine.ledger import GroupResult, SettledGroup
 from verl_async_rm.outcome import Failed, RewardError, Scored
 
-PolicyName = Literal["neutral", "fill", "raise"]
-POLICIES: tuple[str, ...] = ("neutral", "fill", "raise")
+PolicyName = Literal["neutral", "fill", "raise", "mask"]
+POLICIES: tuple[str, ...] = ("neutral", "fill", "raise", "mask")
 
 
 class FailurePolicy(Protocol):
@@ -51,6 +55,14 @@ class Fill:
 
 
 @dataclass(frozen=True)
+class Mask(Neutral):
+    """The stand-in score is ``neutral``'s; what makes it ``mask`` is that the strategies read the
+    ``reward_failed`` flag and train on the sample not at all."""
+
+    name: str = "mask"
+
+
+@dataclass(frozen=True)
 class Raise:
     name: str = "raise"
 
@@ -65,6 +77,8 @@ def failure_policy(name: str, *, fill_value: float = 0.0, neutral_value: float =
         return Fill(fill_value)
     if name == "raise":
         return Raise()
+    if name == "mask":
+        return Mask(neutral_value)
     raise ValueError(f"unknown failure policy {name!r}; choose one of {POLICIES}")
 
 

@@ -1,7 +1,8 @@
 """The toy reward, for trainer tests that look where the seam's bugs live (loaded by path).
 
-- Fails, deterministically, on about one response in ten (``fails``): a non-retryable error, so the
-  agent's failure policy settles it and some mini-batches carry failures while others do not.
+- Fails, deterministically, on about one response in ten (``fails``; ``fail_share`` sets the share):
+  a non-retryable error, so the agent's failure policy settles it and some mini-batches carry
+  failures while others do not.
 - Reports whether it received what verl's naive manager hands a reward (``saw_inputs``): the
   dataset's ``extra_info``, an agent-loop field (``max_global_steps``), ``num_turns`` and
   ``rollout_reward_scores``.
@@ -14,12 +15,15 @@ from verl_async_rm.cpu_backend.toy_task import compute_score as toy_score
 NAIVE_KEYS = ("split", "max_global_steps", "num_turns", "rollout_reward_scores")
 
 
-def fails(solution_str: str) -> bool:
-    return hashlib.sha1(solution_str.encode()).digest()[0] < 26
+DEFAULT_FAIL_SHARE = 0.1
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, fail=True, **kwargs):
-    if fail and fails(solution_str):
+def fails(solution_str: str, share: float = DEFAULT_FAIL_SHARE) -> bool:
+    return hashlib.sha1(solution_str.encode()).digest()[0] < round(256 * share)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, fail=True, fail_share=DEFAULT_FAIL_SHARE, **kwargs):
+    if fail and fails(solution_str, fail_share):
         raise ValueError("injected failure")
     extra_info = extra_info or {}
     saw = all(key in extra_info for key in NAIVE_KEYS) and extra_info["max_global_steps"] is not None
@@ -34,4 +38,4 @@ async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kw
     await asyncio.sleep(extra_info.get("delay", 0.0))
     if extra_info.get("fail"):
         raise ValueError("injected failure")
-    return {"score": float(ground_truth), "verdict": "ok"}
+    return {"score": float(ground_truth), "verdict": "ok", "part": float(ground_truth)}  # part: a GDPO component

@@ -1,4 +1,5 @@
-"""The training demo, short: three of its runs, two steps each; table, JSON and timeline produced."""
+"""The training demo, short: three of its runs, two steps each, started together and trained one at
+a time; table, JSON, the wall-time breakdown and the timeline with judge calls in flight produced."""
 
 from __future__ import annotations
 
@@ -23,4 +24,14 @@ def test_demo_runs_and_reports(tmp_path):
     assert all(row["loop_time_s"] > 0 for row in report["table"])
     assert report["runs"]["both"]["blocked"] and len(report["runs"]["baseline"]["step_times"]) == 2
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    # The measured loops never shared the cores: each began after the previous run had exited.
+    walls = [report["runs"][m]["wall"] for m in ("zero_latency", "baseline", "both")]
+    assert all(w["startup_s"] > 0 and w["train_s"] >= w["loop_s"] > 0 for w in walls)
+    assert all(later["loop_started_at"] >= earlier["ended_at"] for earlier, later in zip(walls, walls[1:]))
+    # The judge's calls during each loop were logged (what the timeline draws as rewards in flight),
+    # placed on the loop's clock: none before it began, none long after its last step.
+    assert report["runs"]["baseline"]["judge_calls"] and report["runs"]["both"]["judge_calls"]
+    both = report["runs"]["both"]
+    loop = sum(both["step_times"])
+    assert all(0 <= start <= end <= loop + 5 for start, end in both["judge_calls"])
     assert "hidden" in result.stdout and "timeline:" in result.stdout

@@ -11,10 +11,10 @@ whether it saw what verl's naive manager passes a reward). The baselines are ver
 |---|---|
 | v0 baseline | deterministic rollout; validation (before training and every 8 steps) of 15 prompts on 2 agent-loop workers, so verl pads it; checkpoints every 2 steps |
 | v0 pipeline | the baseline's config, plus the pipeline in verl's own mini-batch order: equal parameters |
-| v0 both | pipeline (completion order), two steps ahead, rollout correction (token IS), ppo_epochs=2 with shuffle, parameter and optimizer offload, injected reward failures, the padded validation |
+| v0 both | pipeline (completion order), two steps ahead, rollout correction (token IS), ppo_epochs=2 with shuffle, parameter and optimizer offload, injected reward failures (~10%) masked out of training (``failure_policy=mask``), the padded validation |
 | v0 gae | pipeline and one step ahead with a critic whose mini-batch (4 prompts) does not divide the actor's (2); KL in the reward with an adaptive controller; resumed from a checkpoint taken with a batch in flight |
 | v0 baseline_e2 / pipeline_e2 | 2 steps, ppo_epochs=2: equal parameters |
-| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path |
+| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``) |
 | v1 both | pipeline + off-policy on an agent loop with two outputs per session, per-prompt ``__rollout_n__`` and failing sessions; validation before training |
 """
 
@@ -34,10 +34,13 @@ from tests.trainer.seam_reward import fails
 from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
 from verl_async_rm.cpu_backend.toy_task import score_text, write_dataset
 
-pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+# The first test's setup runs the module's shared fixture: a dozen trainers one after another
+# (~1 min each on 2 idle cores), more than the suite's 900 s per-test timeout allows.
+pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = {"v0": 16, "v1": 4}
 REWARD = str(Path(__file__).parent / "seam_reward.py")
+TOY = str(Path(ROOT) / "verl_async_rm" / "cpu_backend" / "toy_task.py")
 SHAPE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 8 prompts / 2 = 4 mini-batches per step
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
@@ -47,6 +50,8 @@ SHAPE = [
     "reward.async_agent.group_wait=30",  # a timer-based wait on the per-sample path would show in validation
 ]
 NO_FAILURES = ["+reward.custom_reward_function.reward_kwargs={fail:false}"]
+MASK = ["reward.async_agent.failure_policy=mask", "reward.async_agent.min_group_success=2"]
+MASK_FAIL_SHARE = 0.2  # the v1 pipeline run: a fifth of the rewards raise, and are masked
 PADDED_VALIDATION = ["actor_rollout_ref.rollout.agent.num_workers=2"]  # with the 15-prompt validation set
 PIPELINE, INDEX_ORDER = ["mini_batch_pipeline=true"], ["+mini_batch_order=index"]
 CRITIC = ["algorithm.adv_estimator=gae", "critic.strategy=fsdp2", "critic.model.use_remove_padding=false",
@@ -62,7 +67,7 @@ RUNS = {
     ("v0", "both"): dict(flags=[*PADDED_VALIDATION, *PIPELINE, "off_policy_steps=2", "+algorithm.rollout_correction.rollout_is=token",
                                 "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=true",
                                 "actor_rollout_ref.actor.fsdp_config.param_offload=true",
-                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"], validate=True),
+                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", *MASK], validate=True),
     ("v0", "gae"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1", *CRITIC, "critic.ppo_mini_batch_size=4",
                                "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
                                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
@@ -71,18 +76,26 @@ RUNS = {
     ("v0", "pipeline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2", *PIPELINE, *INDEX_ORDER],
                                 deterministic=True, steps=2, save_freq=2),
     ("v1", "baseline"): dict(flags=[*NO_FAILURES, "trainer.test_freq=2"], validate=True),
-    ("v1", "pipeline"): dict(flags=[*NO_FAILURES, *PIPELINE]),
+    ("v1", "pipeline"): dict(flags=[f"+reward.custom_reward_function.reward_kwargs={{fail_share:{MASK_FAIL_SHARE}}}", *MASK,
+                                    *PIPELINE], fail_share=MASK_FAIL_SHARE),
     ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"]),
     ("v1", "both"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1",
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
 }
 STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
+# The staleness pool, one batch ahead, fed while generating; a wide latency spread (0-6 s per
+# sample, a group's is its slowest) so that some group is still out when its step begins. Its own
+# fixture (pool_run): the shared one already runs a dozen trainers within one test timeout.
+POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_reward_function.path={TOY}",
+                   "reward.custom_reward_function.name=compute_score_with_latency",
+                   "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0,fail:false}"])
+MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
 
 
 def train(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides: str):
-    spec = RUNS[trainer, mode]
+    spec = POOL if (trainer, mode) == ("v1", "pool") else RUNS[trainer, mode]
     extra = [f"critic.model.path={assets['cfg'].model_dir}"] if spec.get("critic") else []
     train_file = assets["cfg"].train_file
     if spec.get("multi_output"):
@@ -159,7 +172,7 @@ def sessions(rows):
 @pytest.mark.parametrize("run", list(RUNS), ids="-".join)
 def test_every_sample_trained_once_with_its_own_reward(runs, run):
     """32 samples a step in 8 whole groups, each batch trained once; every sample's reward is its
-    own response's (a failed sample: its group's mean, the neutral policy); v1 multi-output
+    own response's (a failed sample: its group's mean, as neutral, also under mask); v1 multi-output
     sessions: every output gets the session's final output's score, as verl gives it."""
     trainer, mode = run
     directory, _ = runs[run]
@@ -185,9 +198,9 @@ def test_every_sample_trained_once_with_its_own_reward(runs, run):
                 by_group[row["uid"].rsplit("_", 2)[0] if trainer == "v1" else row.get("uid", row["input"])].append(row)
             assert len(by_group) == 8 and {len(g) for g in by_group.values()} == {4}  # 8 whole groups of 4
             for group in by_group.values():
-                ok = [score_text(r["output"], r["gts"]) for r in group if not r.get("reward_failed")]
-                for row in group:  # v1 dumps carry no reward keys (as verl): no failures injected there
-                    broke = row.get("reward_failed", 0)
+                ok = [score_text(r["output"], r["gts"]) for r in group if not r.get("reward_failed", injected(run, r))]
+                for row in group:  # v1 dumps carry no reward keys (as verl): its failures are recomputed
+                    broke = row.get("reward_failed", int(injected(run, row)))
                     expected = np.mean(ok) if broke and ok else 0.0 if broke else score_text(row["output"], row["gts"])
                     assert row["score"] == pytest.approx(expected, abs=1e-5)
                     if trainer == "v0":
@@ -197,8 +210,16 @@ def test_every_sample_trained_once_with_its_own_reward(runs, run):
         if not mode.startswith("baseline"):
             assert not seen & uids  # no batch trained twice
         seen |= uids
-    if mode == "both" and trainer == "v0":
+    if mode == "both" and trainer == "v0" or RUNS[run].get("fail_share"):
         assert failed > 0
+
+
+def injected(run, row) -> bool:
+    """Whether the seam reward raised on this row in this run."""
+    flags = RUNS[run]["flags"]
+    if any("fail:false" in f for f in flags) or run[1].startswith("baseline"):
+        return False
+    return fails(row["output"], RUNS[run].get("fail_share", 0.1))
 
 
 @pytest.mark.parametrize("run", [r for r in RUNS if r[0] == "v0" or RUNS[r].get("validate")], ids="-".join)
@@ -297,9 +318,10 @@ def test_staleness_and_reward_timing_metrics(runs, run):
     _, result = runs[run]
     steps = RUNS[run].get("steps", STEPS[trainer])
     lag = max([int(f.split("=")[1]) for f in RUNS[run]["flags"] if f.startswith("off_policy_steps=")] or [0])
+    assert values(result, "async_rm/staleness/max") == [float(min(s, lag)) for s in range(steps)]  # per sample, alike
     assert values(result, "async_reward/staleness") == [min(s, lag) for s in range(steps)]
     failed = values(result, "async_reward/failed")
-    assert (sum(failed) > 0) == (mode == "both" and trainer == "v0")
+    assert (sum(failed) > 0) == (mode == "both" and trainer == "v0" or bool(RUNS[run].get("fail_share")))
     assert all(v >= 0 for v in values(result, "async_reward/blocked_s"))
     pipelined = values(result, "async_reward/pipelined")
     if RUNS[run].get("multi_output"):
@@ -337,6 +359,45 @@ def test_everything_in_one_step_two_ahead(runs):
     # some step had failures in some of its 4 mini-batches (2 groups each) and none in another
     failing_groups = [len({r["uid"] for r in rows if r["reward_failed"]}) for rows in dumped(directory).values()]
     assert any(0 < n <= 3 for n in failing_groups), failing_groups
+
+
+@pytest.mark.parametrize("run", MASKED_RUNS, ids="-".join)
+def test_masked_failures_reach_the_update_with_no_loss_tokens_and_the_rest_with_usable_only_group_statistics(runs, run):
+    """failure_policy=mask on verl's real trainer: in what the updates trained on (the rollout dump
+    reads the batch tensors after the step: response_mask, v1's loss_mask, advantages), a failed
+    sample and every sample of a group left with fewer than 2 usable ones have no loss token and a
+    zero advantage; every other sample keeps its tokens and has GRPO's advantage over its group's
+    usable samples alone; the step's masked and dropped counts are in the metrics. (That zero loss
+    tokens give the gradient of the batch without those samples, through verl's own ppo_loss:
+    tests/test_masking_verl.py.)"""
+    trainer, _ = run
+    directory, result = runs[run]
+    masked_per_step, dropped_per_step, failed_total = [], [], 0
+    for step, rows in sorted(dumped(directory).items()):
+        by_group = defaultdict(list)
+        for row in rows:
+            by_group[row["uid"].rsplit("_", 2)[0] if trainer == "v1" else row["uid"]].append(row)
+        masked = dropped = 0
+        for group in by_group.values():
+            broke = [bool(row.get("reward_failed", injected(run, row))) for row in group]
+            assert broke == [injected(run, row) for row in group]
+            usable = [row["score"] for row, bad in zip(group, broke) if not bad]
+            dropped += len(usable) < 2
+            for row, bad in zip(group, broke):
+                tokens = [row["async_rm_loss_tokens"], row.get("async_rm_loss_mask_tokens", row["async_rm_loss_tokens"])]
+                if bad or len(usable) < 2:
+                    assert tokens == [0, 0] and row["async_rm_advantage"] == 0.0, row
+                    masked += 1
+                else:
+                    assert min(tokens) > 0 and tokens[0] == tokens[1]
+                    grpo = (row["score"] - np.mean(usable)) / (np.std(usable, ddof=1) + 1e-6)
+                    assert row["async_rm_advantage"] == pytest.approx(grpo, rel=1e-3, abs=1e-4), row
+            failed_total += sum(broke)
+        masked_per_step.append(masked)
+        dropped_per_step.append(dropped)
+    assert values(result, "async_rm/masked_samples") == masked_per_step
+    assert values(result, "async_rm/dropped_groups") == dropped_per_step
+    assert failed_total > 0 and sum(masked_per_step) >= failed_total
 
 
 def test_v1_validation_keeps_the_rewards_extra_info(runs):
@@ -377,3 +438,61 @@ def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, a
     assert sorted(resumed) == remaining
     for step in remaining:
         assert Counter(r["input"] for r in resumed[step]) == Counter(r["input"] for r in original[step])
+
+
+@pytest.fixture(scope="module")
+def pool_run(tmp_path_factory, assets):
+    directory = tmp_path_factory.mktemp("v1_pool")
+    return directory, train(directory, assets, "v1", "pool")
+
+
+def test_the_pool_trains_whole_groups_each_once_with_their_own_rewards(pool_run):
+    directory, _ = pool_run
+    steps = dumped(directory)
+    assert sorted(steps) == [1, 2, 3, 4]
+    seen: set = set()
+    for rows in steps.values():
+        by_group = defaultdict(list)
+        for row in rows:
+            by_group[row["uid"].rsplit("_", 2)[0]].append(row)
+        assert len(rows) == 32 and len(by_group) == 8 and {len(g) for g in by_group.values()} == {4}
+        for row in rows:
+            assert row["score"] == pytest.approx(score_text(row["output"], row["gts"]), abs=1e-5)
+        assert not seen & set(by_group)
+        seen |= set(by_group)
+
+
+def test_the_pool_carries_a_straggler_instead_of_waiting_within_the_staleness_bound(pool_run):
+    """v1 pool: every step trains 8 whole groups (test_every_sample_trained_once...), a group still
+    being scored is carried (counted), no sample is staler than off_policy_steps + max_staleness,
+    and after each step the pool holds exactly the groups generated and not trained: 8 (the batch
+    ahead) until the last step, which empties it. That count is timing-free: a group lost or
+    trained twice would change it."""
+    _, result = pool_run
+    assert values(result, "async_rm/pool_groups") == [8, 8, 8, 0]
+    assert values(result, "async_rm/groups_dropped_stale") == [0] * 4
+    carried = values(result, "async_rm/groups_carried")
+    assert carried == sorted(carried) and carried[-1] > 0, carried  # 0-6 s latency against ~2 s steps
+    assert max(values(result, "async_rm/staleness/max")) == 2  # a carried group of a batch made one step ahead
+    # a group of the batch ahead may fill in for a straggler: staleness 0 (generated by this step's weights)
+    assert all(0 <= mean <= high <= 2 for mean, high in zip(values(result, "async_rm/staleness/mean"),
+                                                         values(result, "async_rm/staleness/max")))
+
+
+def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):
+    """Saved at step 2 with groups carried and a batch ahead: the checkpoint records the loader
+    state before the oldest batch still in the pool and which of its prompts were trained; the
+    resumed run draws those batches again, leaves those prompts out, and ends with the pool empty.
+    So the prompts trained before the checkpoint plus those after are the uninterrupted run's, each
+    once (compared as multisets: every prompt's 4 samples, in one step)."""
+    uninterrupted, _ = pool_run
+    checkpoint = uninterrupted / "checkpoints" / "global_step_2"
+    assert json.loads((checkpoint / "async_rm_pool.json").read_text())["live"]
+    resumed_result = train(tmp_path, assets, "v1", "pool", "trainer.resume_mode=resume_path",
+                           f"trainer.resume_from_path={checkpoint}")
+    resumed, original = dumped(tmp_path), dumped(uninterrupted)
+    assert sorted(resumed) == [3, 4]
+    before = Counter(r["input"] for step in (1, 2) for r in original[step])
+    after = Counter(r["input"] for step in (3, 4) for r in resumed[step])
+    assert before + after == Counter(r["input"] for rows in original.values() for r in rows)
+    assert values(resumed_result, "async_rm/pool_groups") == [8, 0]

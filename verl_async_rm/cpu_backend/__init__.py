@@ -48,6 +48,9 @@ def activate() -> None:
     _register_rollout()
     _patch_value_head_loader()
     _patch_offload_policy_pinning()
+    from .start_gate import install_if_requested
+
+    install_if_requested()  # the demo's gate between start-up and training (start_gate.py)
     # verl picks the training engine by (device, vendor); the FSDP engines are registered for
     # "cuda" only, and are plain torch, so they run on CPU once selected (verl's own override).
     os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")

@@ -3,7 +3,8 @@
 ``build_overrides()`` returns the hydra override list (settings that make verl 0.9.1 run on CPU,
 plus the caller's reward and extra overrides); ``run()`` prepares model/data if needed, runs the
 entry module in its own Ray cluster with a timeout, shows per-step progress from verl's metrics
-file, and returns the metrics (JSONL written by verl's ``file`` logger).
+file, and returns the metrics (JSONL written by verl's ``file`` logger). ``start()`` does the same
+without waiting, for callers that run several trainers (the demo, with ``start_gate``).
 
 Why a subprocess: main_ppo calls ``ray.init`` itself and owns the process; running it in a child
 lets a hang fail by timeout and lets us kill exactly the processes it started.
@@ -25,6 +26,7 @@ from typing import Any, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV
 from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 
@@ -68,6 +70,9 @@ class CPURunConfig:
     # v1 only: poll TransferQueue every N s instead of verl's fixed 2 s (see v1_sampler.py). None
     # keeps verl's built-in sampler; set e.g. 0.05 when step timings matter (benchmarks).
     v1_poll_interval_s: Optional[float] = None
+    # Wait after the validation before step 1 until RunningTrainer.open_gate() (start_gate.py): lets
+    # several runs start up together and then train one at a time (the demo).
+    start_gate: bool = False
 
 
 @dataclass
@@ -79,6 +84,8 @@ class RunResult:
     log_path: str
     overrides: list[str]
     replica_log_path: str = ""  # the rollout servers' sleep/wake/weight-update transitions (JSONL)
+    gate_reached_s: Optional[float] = None  # with a start gate: seconds from launch to waiting at it
+    gate_opened_s: Optional[float] = None  # ... and to its opening
 
     def replica_events(self) -> list[dict]:
         return read_metrics(self.replica_log_path) if self.replica_log_path else []
@@ -335,21 +342,134 @@ def _reap_ray_leftovers(ray_tmp_dir: str) -> None:
             pass
 
 
-def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
-    """Run verl's trainer on CPU; returns the exit code, wall time and this run's metrics."""
-    from ._compat import check_installed_version
+class RunningTrainer:
+    """A trainer subprocess started by :func:`start`: poll it, open its start gate, wait for it.
 
-    check_installed_version()  # fail here, not as a swallowed plugin error inside the trainer
-    prepare_assets(cfg)
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    metrics_path, log_path = _next_run_paths(cfg.out_dir)
-    replica_log = os.path.abspath(metrics_path.replace("metrics-", "replica-"))
-    # Short path: Ray puts unix sockets under it (108-byte limit).
-    ray_tmp_dir = tempfile.mkdtemp(prefix="vrc", dir="/tmp")
-    overrides = build_overrides(cfg, ray_tmp_dir=ray_tmp_dir, replica_log=replica_log)
-    cmd = [sys.executable, "-m", cfg.entry_module, *overrides]
-    env = build_env(cfg, metrics_path, ray_tmp_dir)
+    :func:`run` is ``start(cfg).wait()``. The demo starts several and polls them together."""
 
+    def __init__(self, cfg: CPURunConfig, say=None, bar=None):
+        from ._compat import check_installed_version
+
+        check_installed_version()  # fail here, not as a swallowed plugin error inside the trainer
+        if cfg.start_gate and not cfg.val_before_train:
+            raise ValueError("start_gate needs val_before_train: the gate follows the validation before step 1")
+        prepare_assets(cfg)
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        self.cfg, self.say, self.bar = cfg, say, bar
+        self.metrics_path, self.log_path = _next_run_paths(cfg.out_dir)
+        self.replica_log = os.path.abspath(self.metrics_path.replace("metrics-", "replica-"))
+        self.gate = (os.path.abspath(self.metrics_path.replace("metrics-", "gate-").replace(".jsonl", ""))
+                     if cfg.start_gate else None)
+        # Short path: Ray puts unix sockets under it (108-byte limit).
+        self.ray_tmp_dir = tempfile.mkdtemp(prefix="vrc", dir="/tmp")
+        self.overrides = build_overrides(cfg, ray_tmp_dir=self.ray_tmp_dir, replica_log=self.replica_log)
+        cmd = [sys.executable, "-m", cfg.entry_module, *self.overrides]
+        env = build_env(cfg, self.metrics_path, self.ray_tmp_dir)
+        if self.gate:
+            env[GATE_ENV] = self.gate
+        if say:
+            say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {self.log_path}")
+        self.start_time = time.monotonic()
+        self.gate_reached_s: Optional[float] = None  # seconds from start to the trainer waiting at the gate
+        self.gate_opened_s: Optional[float] = None
+        self.ended_s: Optional[float] = None
+        self.timed_out = False
+        self._seen = 0
+        self._log = open(self.log_path, "w")
+        self._log.write("$ " + " ".join(cmd) + "\n\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True
+        )
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            if self.cfg.verbose:
+                sys.stderr.write(line)
+        self._log.flush()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start_time
+
+    def poll(self) -> bool:
+        """Report new steps, note the gate and the timeout; True once the trainer has ended."""
+        if self.ended_s is not None:
+            return True
+        rc = self.proc.poll()
+        entries = read_metrics(self.metrics_path)
+        for entry in entries[self._seen:]:
+            if self.say:
+                self.say(f"[cpu-backend] step {entry['step']}: {_describe(entry)}")
+            if self.bar is not None and "training/global_step" in entry["data"]:
+                self.bar.update(1)
+        self._seen = len(entries)
+        if self.gate and self.gate_reached_s is None and waiting_marker(self.gate).exists():
+            self.gate_reached_s = self.elapsed()
+        if rc is None and self.cfg.timeout_s is not None and self.elapsed() > self.cfg.timeout_s:
+            self.timed_out = True
+        if rc is not None or self.timed_out:
+            self.ended_s = self.elapsed()
+            return True
+        return False
+
+    @property
+    def at_gate(self) -> bool:
+        return self.gate_reached_s is not None and self.gate_opened_s is None
+
+    def open_gate(self) -> None:
+        if not self.gate:
+            raise ValueError("this run has no start gate (CPURunConfig.start_gate)")
+        open_gate(self.gate)
+        self.gate_opened_s = self.elapsed()
+
+    def wait(self, poll_s: float = 0.5) -> RunResult:
+        try:
+            while not self.poll():
+                time.sleep(poll_s)
+        finally:
+            self.close()
+        return self.result()
+
+    def close(self) -> None:
+        """End the trainer if it still runs, and clean up everything it started (idempotent)."""
+        if self.proc.poll() is None:
+            _kill_tree(self.proc)
+        self._pump_thread.join(timeout=10)
+        if not self._log.closed:
+            self._log.close()
+        _reap_ray_leftovers(self.ray_tmp_dir)
+        shutil.rmtree(self.ray_tmp_dir, ignore_errors=True)
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.ended_s is None:
+            self.ended_s = self.elapsed()
+
+    def result(self) -> RunResult:
+        cfg = self.cfg
+        rc = self.proc.returncode if not self.timed_out else -9
+        if rc is None:
+            rc = -9
+        wall = self.ended_s if self.ended_s is not None else self.elapsed()
+        if self.say and rc != 0:
+            with open(self.log_path) as f:
+                lines = f.readlines()
+            why = f"rc={rc}, timeout after {cfg.timeout_s:.0f}s" if self.timed_out else f"rc={rc}"
+            print(f"[cpu-backend] trainer failed ({why}); log: {self.log_path}", file=sys.stderr)
+            # verl swallows plugin import errors (DEBUG log); ours print this marker, e.g. a version mismatch.
+            plugin_errors = [line for line in lines if "plugin failed to load" in line]
+            print("".join(plugin_errors[:3] + lines[-40:]), file=sys.stderr)
+        elif self.say:
+            print(f"[cpu-backend] done in {wall:.1f}s; metrics: {self.metrics_path}", file=sys.stderr)
+        return RunResult(rc, wall, read_metrics(self.metrics_path), self.metrics_path, self.log_path, self.overrides,
+                         self.replica_log, gate_reached_s=self.gate_reached_s, gate_opened_s=self.gate_opened_s)
+
+
+def start(cfg: CPURunConfig, progress: bool = True) -> RunningTrainer:
+    """Start verl's trainer on CPU in a subprocess; returns at once (see :class:`RunningTrainer`)."""
     bar = None
     if progress:
         try:
@@ -359,61 +479,14 @@ def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
         except ImportError:
             bar = None
     say = (bar.write if bar is not None else (lambda s: print(s, file=sys.stderr, flush=True))) if progress else None
+    try:
+        return RunningTrainer(cfg, say=say, bar=bar)
+    except BaseException:
+        if bar is not None:
+            bar.close()
+        raise
 
-    if say:
-        say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {log_path}")
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n\n")
-        log.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True
-        )
 
-        def pump():
-            for line in proc.stdout:
-                log.write(line)
-                if cfg.verbose:
-                    sys.stderr.write(line)
-            log.flush()
-
-        pump_thread = threading.Thread(target=pump, daemon=True)
-        pump_thread.start()
-        seen, timed_out = 0, False
-        try:
-            while True:
-                rc = proc.poll()
-                entries = read_metrics(metrics_path)
-                for entry in entries[seen:]:
-                    if say:
-                        say(f"[cpu-backend] step {entry['step']}: {_describe(entry)}")
-                    if bar is not None and "training/global_step" in entry["data"]:
-                        bar.update(1)
-                seen = len(entries)
-                if rc is not None:
-                    break
-                if cfg.timeout_s is not None and time.monotonic() - start > cfg.timeout_s:
-                    timed_out = True
-                    break
-                time.sleep(0.5)
-        finally:
-            if proc.poll() is None:
-                _kill_tree(proc)
-            pump_thread.join(timeout=10)
-            _reap_ray_leftovers(ray_tmp_dir)
-            shutil.rmtree(ray_tmp_dir, ignore_errors=True)
-            if bar is not None:
-                bar.close()
-    wall = time.monotonic() - start
-    rc = proc.returncode if not timed_out else -9
-    if progress and rc != 0:
-        with open(log_path) as f:
-            lines = f.readlines()
-        why = f"rc={rc}, timeout after {cfg.timeout_s:.0f}s" if timed_out else f"rc={rc}"
-        print(f"[cpu-backend] trainer failed ({why}); log: {log_path}", file=sys.stderr)
-        # verl swallows plugin import errors (DEBUG log); ours print this marker, e.g. a version mismatch.
-        plugin_errors = [line for line in lines if "plugin failed to load" in line]
-        print("".join(plugin_errors[:3] + lines[-40:]), file=sys.stderr)
-    elif progress:
-        print(f"[cpu-backend] done in {wall:.1f}s; metrics: {metrics_path}", file=sys.stderr)
-    return RunResult(rc, wall, read_metrics(metrics_path), metrics_path, log_path, overrides, replica_log)
+def run(cfg: CPURunConfig, progress: bool = True) -> RunResult:
+    """Run verl's trainer on CPU; returns the exit code, wall time and this run's metrics."""
+    return start(cfg, progress).wait()

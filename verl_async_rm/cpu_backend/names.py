@@ -6,6 +6,9 @@ ROLLOUT_NAME = "hf_cpu"
 NO_WEIGHT_SYNC_ENV = "VERL_ASYNC_RM_CPU_NO_WEIGHT_SYNC"
 # Path of a JSONL file the rollout server appends its sleep/wake/weight-update transitions to.
 REPLICA_LOG_ENV = "VERL_ASYNC_RM_CPU_REPLICA_LOG"
+# Seconds of simulated decode time per generated token (a GPU's), so that responses of different
+# lengths finish at different times as on real hardware (default 0: the tiny model's own speed).
+DECODE_S_ENV = "VERL_ASYNC_RM_CPU_DECODE_S"
 ADAPTER_FQN = "verl_async_rm.cpu_backend.rollout.HFServerAdapter"
 
 

@@ -13,6 +13,11 @@ three pieces verl expects of a rollout backend:
 * Determinism: with verl's ``rollout.full_determinism`` the agent loops name requests
   ``det-{row}``; such a request is sampled alone, from a generator seeded by (seed, weight version,
   request id, its occurrence), so a run reproduces whatever order requests arrive in.
+* Lengths and finishing times vary per request, as real decoding's do: each request stops after a
+  length drawn in [``MIN_LENGTH_FRACTION`` x its max tokens, its max tokens] (deterministic: from
+  the request's own seed, or the server's seeded stream), and each row's answer is delivered the
+  moment its last token is sampled, not when the batch ends. ``DECODE_S_ENV`` adds a simulated
+  per-token decode time (a GPU's), so that finishing times spread as they do on real hardware.
 * ``HFCPUReplica`` - ``RolloutReplica.launch_servers()`` starting that actor (one per replica).
 * ``HFServerAdapter`` - the ``BaseRollout`` living in the trainer worker. The ``naive`` checkpoint
   engine hands it the actor's full tensors; it ships them as a CPU state dict to the server.
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
+import random
 import json
 import logging
 import os
@@ -36,9 +43,17 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
+from .names import DECODE_S_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
 
 logger = logging.getLogger(__name__)
+# A request stops after a drawn length in [this fraction of its max tokens, its max tokens]: real
+# responses differ in length; half keeps the toy task's responses long enough to score.
+MIN_LENGTH_FRACTION = 0.5
+
+
+def drawn_length(max_tokens: int, rng: random.Random) -> int:
+    low = max(1, math.ceil(max_tokens * MIN_LENGTH_FRACTION))
+    return rng.randint(low, max(low, max_tokens))
 
 
 def _model_path(model_config) -> str:
@@ -79,8 +94,12 @@ def sample_batch(
     ignore_eos: bool,
     generator: torch.Generator,
     pad_id: int,
+    on_done=None,
+    decode_s: float = 0.0,
 ) -> list[tuple[list[int], list[float], str]]:
     """Batched autoregressive sampling (left-padded, KV cache); per prompt (ids, log_probs, finish).
+    ``on_done(i, result)`` is called as soon as row i finishes (the others keep decoding);
+    ``decode_s`` seconds are slept per decoding step (a simulated accelerator's token time).
 
     Log-probs are of the processed distribution (temperature, top-k/p), like vLLM's
     ``processed_logprobs``; the trainer recomputes ``log_softmax(logits / temperature)``, so with
@@ -111,6 +130,8 @@ def sample_batch(
             logp = torch.log_softmax(logits, dim=-1)
             tokens = torch.argmax(logits, dim=-1)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        if decode_s > 0:
+            time.sleep(decode_s)
         for i in range(bsz):
             if done[i]:
                 continue
@@ -121,12 +142,19 @@ def sample_batch(
                 results[i], done[i] = (ids, lps, "stop"), True
             elif len(ids) >= max_tokens[i]:
                 done[i] = True
+            if done[i] and on_done is not None:
+                on_done(i, results[i])
         if all(done):
             break
         input_ids = tokens[:, None]  # finished rows keep decoding garbage that is never read
         attn = torch.cat([attn, torch.ones((bsz, 1), dtype=torch.long)], dim=-1)
         position_ids, next_pos = next_pos, next_pos + 1
     return results
+
+
+def _answer(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,6 +202,8 @@ class HFCPUServer:
         self.awake = {"weights", "kv_cache"}  # a fresh engine holds both
         self.sleeps_since_update = 0
         self._occurrences: dict[tuple, int] = {}
+        self._length_rng = random.Random(self.seed * 1000 + replica_rank)  # lengths of non-deterministic requests
+        self.decode_s = float(os.environ.get(DECODE_S_ENV) or 0.0)
         self._log_path = os.environ.get(REPLICA_LOG_ENV) or None
 
     def _log(self, event: str, **fields) -> None:
@@ -184,17 +214,20 @@ class HFCPUServer:
         with open(self._log_path, "a") as f:
             f.write(json.dumps(entry) + "\n")
 
-    def _request_generator(self, request_id: str, key: tuple) -> Optional[torch.Generator]:
+    def _request_generator(self, request_id: str, key: tuple) -> tuple[Optional[torch.Generator], random.Random]:
         """verl's deterministic request ids (``det-{row}``): a generator of their own, seeded by
         the weight version, the id and how often this id was sampled with these parameters at this
-        version (off-policy generates twice per version; multi-turn loops reuse the id per turn)."""
+        version (off-policy generates twice per version; multi-turn loops reuse the id per turn),
+        and the stream its length is drawn from (another part of the same digest). Other requests:
+        no generator (the server's) and the server's length stream."""
         if not str(request_id).startswith("det-"):
-            return None
+            return None, self._length_rng
         slot = (self.global_steps, str(request_id), key)
         occurrence = self._occurrences.get(slot, 0)
         self._occurrences[slot] = occurrence + 1
         digest = hashlib.sha256(f"{self.seed}|{slot}|{occurrence}".encode()).digest()
-        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") & ((1 << 63) - 1))
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") & ((1 << 63) - 1))
+        return generator, random.Random(int.from_bytes(digest[8:16], "big"))
 
     # -- generation ---------------------------------------------------------------------------------
     def _max_tokens(self, prompt_len: int, sampling_params: dict) -> int:
@@ -236,11 +269,12 @@ class HFCPUServer:
                 "a GPU engine would have freed its weights or KV cache"
             )
         key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
-        own = self._request_generator(request_id, key)
+        own, lengths = self._request_generator(request_id, key)
         # A deterministic request is batched alone: its own generator, and no padding from others.
         batch_key = (key, request_id) if own is not None else key
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((batch_key, [int(t) for t in prompt_ids], self._max_tokens(len(prompt_ids), params), future, own))
+        length = drawn_length(self._max_tokens(len(prompt_ids), params), lengths)
+        self._queue.append((batch_key, [int(t) for t in prompt_ids], length, future, own))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         ids, lps, finish, version = await future
@@ -262,9 +296,16 @@ class HFCPUServer:
             self._queue = [item for item in self._queue if not any(item is b for b in batch)]
             temperature, top_p, top_k = key[0] if deterministic else key
             generator = batch[0][4] if deterministic else self.generator
+            loop = asyncio.get_running_loop()
             try:
                 async with self._lock:
                     version = self.global_steps
+
+                    def deliver(i, result, batch=batch, version=version):
+                        # from the sampling thread: each row answers the moment it is done
+                        ids, lps, finish = result
+                        loop.call_soon_threadsafe(_answer, batch[i][3], (list(ids), list(lps), finish, version))
+
                     results = await asyncio.to_thread(
                         sample_batch,
                         self.model,
@@ -277,6 +318,8 @@ class HFCPUServer:
                         ignore_eos=bool(self.config.ignore_eos),
                         generator=generator,
                         pad_id=self.pad_id,
+                        on_done=deliver,
+                        decode_s=self.decode_s,
                     )
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
                 for b in batch:
@@ -284,8 +327,7 @@ class HFCPUServer:
                         b[3].set_exception(exc)
                 continue
             for b, (ids, lps, finish) in zip(batch, results, strict=True):
-                if not b[3].done():
-                    b[3].set_result((ids, lps, finish, version))
+                _answer(b[3], (ids, lps, finish, version))  # rows already answered keep their answer
 
     # -- weights -------------------------------------------------------------------------------------
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:

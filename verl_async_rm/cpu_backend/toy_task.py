@@ -11,26 +11,30 @@ and raising them only needs the policy to shift probability mass towards 26 toke
 condition on the prompt), which a ~80k-parameter model does within a few dozen steps.
 
 This file is also verl's ``custom_reward_function.path``: verl loads it by file path, so the
-top level imports only the standard library.
+top level imports only the standard library and this package's pure judge model (:mod:`.latency`,
+by absolute name: a file loaded by path has no package for a relative import).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import json
 import os
 import random
+import time
+
+from verl_async_rm.cpu_backend.latency import JudgeModel, SimulatedJudgeError
 
 DATA_SOURCE = "verl_async_rm/letter_case"
 MIN_CHARS = 8
+# A file to which every simulated judge call appends {"start", "end" (Unix s), "outcome"}: the judge's
+# access log, from which the demo draws rewards in flight. Set by the demo in the trainer's environment.
+JUDGE_LOG_ENV = "VERL_ASYNC_RM_JUDGE_LOG"
 INSTRUCTIONS = {
     "lower": "answer in lowercase letters:",
     "upper": "ANSWER IN UPPERCASE LETTERS:",
 }
-_WORDS = (
-    "apple river stone cloud green tiger music paper light storm ocean forest silver candle "
-    "bridge garden rocket window yellow marble pepper violet winter summer"
-).split()
+_WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "music", "paper", "light", "storm", "ocean", "forest", "silver", "candle", "bridge", "garden", "rocket", "window", "yellow", "marble", "pepper", "violet", "winter", "summer"]
 
 
 def score_text(text: str, target: str, min_chars: int = MIN_CHARS) -> float:
@@ -93,16 +97,38 @@ def corpus_for_tokenizer() -> list[str]:
 def simulated_latency(solution_str: str, latency_lo: float, latency_hi: float) -> float:
     """Uniform in [lo, hi], drawn from the response text itself, so every run that produces the same
     response waits the same time (a scaled analog of the recipe's uniform 1-40 s)."""
-    if latency_hi <= 0:
-        return 0.0
-    digest = hashlib.sha1(solution_str.encode()).digest()
-    return latency_lo + (latency_hi - latency_lo) * int.from_bytes(digest[:8], "big") / 2**64
+    return JudgeModel(latency_lo=latency_lo, latency_hi=latency_hi).latency(solution_str)
 
 
 async def compute_score_with_latency(
-    data_source, solution_str, ground_truth, extra_info=None, latency_lo: float = 0.0, latency_hi: float = 0.0,
-    min_chars: int = MIN_CHARS, **kwargs,
+    data_source, solution_str, ground_truth, extra_info=None, min_chars: int = MIN_CHARS, **kwargs,
 ):
-    """The toy reward behind a simulated remote call (``reward_kwargs``: latency_lo, latency_hi seconds)."""
-    await asyncio.sleep(simulated_latency(solution_str, float(latency_lo), float(latency_hi)))
-    return compute_score(data_source, solution_str, ground_truth, extra_info, min_chars=min_chars)
+    """The toy reward behind a simulated remote judge.
+
+    Reward kwargs (see :mod:`verl_async_rm.cpu_backend.latency`): ``latency_model`` (uniform |
+    lognormal), ``latency_lo``/``latency_hi`` or ``latency_p50``/``latency_p99`` seconds, ``hang_prob``,
+    ``hang_s``, ``fail_prob``, ``latency_seed``. A bad parameter raises ValueError on the first call.
+    With ``VERL_ASYNC_RM_JUDGE_LOG`` set, each call is appended to that file when it ends.
+    """
+    draw = JudgeModel.from_kwargs(kwargs).draw(solution_str)
+    started, outcome = time.time(), "cancelled"  # a hang ends when the agent's timeout cancels it
+    try:
+        await asyncio.sleep(draw.latency_s)
+        if draw.outcome == "fail":
+            outcome = "fail"
+            raise SimulatedJudgeError(f"simulated judge error after {draw.latency_s:.3f} s")
+        # A "hang" sleeps hang_s (an hour by default) above; if it ever wakes, it answers late.
+        score = compute_score(data_source, solution_str, ground_truth, extra_info, min_chars=min_chars)
+        outcome = "ok"
+        return score
+    finally:
+        _log_call(started, outcome)
+
+
+def _log_call(started: float, outcome: str) -> None:
+    path = os.environ.get(JUDGE_LOG_ENV)
+    if path:
+        # One short line per write with O_APPEND: concurrent writers (threads, processes) never interleave.
+        line = json.dumps({"start": started, "end": time.time(), "outcome": outcome}) + "\n"
+        with open(path, "a") as f:
+            f.write(line)

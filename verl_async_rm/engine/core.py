@@ -45,6 +45,9 @@ from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.budget import RecentFailures, TicketBudget
 from verl_async_rm.engine.executors import executor_for
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
+from verl_async_rm.engine.group_judge import (
+    GroupCall, GroupCallOwner, check_group_judge_config, group_executor, group_tokens, member_outcomes,
+)
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending
@@ -132,13 +135,19 @@ class ScoringEngine:
             cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
             enabled=config.adaptive_concurrency,
         ))
+        token_estimator = token_estimator or approx_tokens
+        if reward.is_group_judge:  # one request per group (engine/group_judge.py)
+            check_group_judge_config(reward, config.executor, config.cache)
+            calls, token_estimator = group_executor(reward, config.sync_workers, loop), group_tokens(token_estimator)
+        else:
+            calls = executor_for(reward, config.executor, config.sync_workers, loop)
         # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py).
-        self.spend = Spending(config, token_estimator or approx_tokens)
+        self.spend = Spending(config, token_estimator)
         self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
         self.budget_error: BudgetExceeded | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
-            calls=executor_for(reward, config.executor, config.sync_workers, loop),
+            calls=calls,
             max_concurrency=config.max_concurrency,
             request_timeout=config.request_timeout,
             retry=RetryPolicy(config.max_attempts, config.backoff_initial, config.backoff_max),
@@ -150,12 +159,17 @@ class ScoringEngine:
             max_throttled_s=config.max_throttled_s,
             rpm=strict_bucket(config.requests_per_minute) if config.requests_per_minute else None,
             tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
-            token_estimator=token_estimator or approx_tokens,
+            token_estimator=token_estimator,
             cache=ResultCache(config.cache_size) if config.cache else None,
             spend=self.spend,
             on_budget_spent=self._budget_spent,
             answer_early=functools.partial(self.verdicts.answer_from_log, settle=self._settle) if self.verdicts else None,
         )
+        self.shared = None
+        if config.shared_limits is not None:  # Ray is imported only then (shared_limits.py)
+            from verl_async_rm.shared_limits import SharedLimitsClient
+
+            self.shared = SharedLimitsClient(self.pipeline, self.flow, config, loop)
         self.tickets: dict[str, TicketRun] = {}
         self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
         self.stream = StreamGroups()
@@ -196,6 +210,8 @@ class ScoringEngine:
         run = self._open_run(ticket)
         for group in run.ledger.close():
             self._on_group_settled(run, group)
+        if self.reward.is_group_judge:  # groups closed short of their size are judged with what they have
+            self._judge_closed_groups(run, list(run.samples.values()))
         self._serve(run)
 
     def _open_run(self, ticket: str) -> TicketRun:
@@ -225,7 +241,22 @@ class ScoringEngine:
             sample = run.samples[item.index] = Sample(item, run)
             samples.append(sample)
         self.metrics.submitted += len(samples)
-        self.pipeline.enqueue(samples)
+        if self.reward.is_group_judge:
+            self._judge_closed_groups(run, samples)
+        else:
+            self.pipeline.enqueue(samples)
+
+    def _judge_closed_groups(self, run: TicketRun, samples: list[Sample]) -> None:
+        """A group judge's call per group of ``samples`` whose membership is final, once."""
+        calls = []
+        for sample in samples:
+            group = run.ledger.group_of(sample.item.index)
+            first = run.samples[group.members[0]]
+            if group.closed and first.group_call is None and not sample.settled:
+                owner = GroupCallOwner(self.reward.label, group.key, len(group.members), run.ticket)
+                calls.append(GroupCall([run.samples[i] for i in group.members], owner))
+        if calls:
+            self.pipeline.enqueue(calls)
 
     def _run_of(self, ticket: str) -> TicketRun | None:
         run = self.tickets.get(ticket)
@@ -445,7 +476,16 @@ class ScoringEngine:
         self.metrics.submitted += 1
         if self.config.ticket_deadline is not None:
             member.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_member, member)
-        self.pipeline.enqueue([sample])
+        if not self.reward.is_group_judge:
+            self.pipeline.enqueue([sample])
+        elif group.closed:
+            self._judge_stream_group(group)
+
+    def _judge_stream_group(self, group: Group) -> None:
+        samples = [m.sample for m in self.stream_members.get(group, []) if m.sample is not None]
+        if samples and samples[0].group_call is None and not all(s.settled for s in samples):
+            owner = GroupCallOwner(self.reward.label, group.key, len(samples), None)
+            self.pipeline.enqueue([GroupCall(samples, owner)])
 
     async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None):
         """``join_group`` for a caller on this loop: awaits the answer."""
@@ -462,6 +502,8 @@ class ScoringEngine:
         self.stream_waits.pop(group, None)
         if self.stream.close(group):
             self._resolve_stream_group(group)
+        elif self.reward.is_group_judge:
+            self._judge_stream_group(group)
 
     def _expire_member(self, member: StreamMember) -> None:
         member.deadline = None
@@ -497,6 +539,10 @@ class ScoringEngine:
             return
         sample.settled = True
         sample.state = DONE
+        if sample.__class__ is GroupCall:  # a group judge's answer: each member settles on its own
+            for member, member_outcome in member_outcomes(sample, outcome):
+                self._settle(member, member_outcome)
+            return
         owner = sample.owner
         now = self.loop.time()
         failed = isinstance(outcome, Failed)
@@ -698,6 +744,7 @@ class ScoringEngine:
             **self.spend.ledger.snapshot(),
             resumed=self.verdicts.resumed if self.verdicts is not None else 0,
             verdicts_logged=self.verdicts.writer.written if self.verdicts is not None else 0,
+            **(self.shared.snapshot() if self.shared is not None else {}),
         )
 
     async def aclose(self, timeout: float = 10.0) -> int:
@@ -708,6 +755,8 @@ class ScoringEngine:
         self.closed = AgentClosed("the reward agent was closed")
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
+        if self.shared is not None:
+            await self.shared.aclose()
         await self._close_reward()
         if self.verdicts is not None:  # written and fsynced before close returns (a thread: off the loop)
             await self.loop.run_in_executor(None, self.verdicts.close)

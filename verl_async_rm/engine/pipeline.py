@@ -63,7 +63,7 @@ class Sample:
     sample in error messages (``owner.describe(item)``, only called on error)."""
 
     __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key",
-                 "reservation", "log_key")
+                 "group_call", "reservation", "log_key")
 
     def __init__(self, item: RewardItem, owner: Any):
         self.item = item
@@ -75,11 +75,17 @@ class Sample:
         self.attempt: Attempt | None = None
         self.timer: asyncio.TimerHandle | None = None  # retry wait
         self.cache_key: Any = None
+        self.group_call: Any = None  # a group judge's call standing for this sample (engine/group_judge.py)
         self.reservation = None  # its budget reservation while an attempt is in flight (engine/spend.py)
         self.log_key: str | None = None  # its verdict-log request key (engine/verdicts.py)
 
     def where(self) -> str:
         return self.owner.describe(self.item)
+
+    def scored(self, value: Any) -> Outcome:
+        """What an answer makes of this request (a group judge's call answers for a whole group)."""
+        score, extra = normalize_score(value, self.where)
+        return Scored(score, extra, self.attempts + 1)
 
 
 class Attempt:
@@ -187,6 +193,9 @@ class RequestPipeline:
             sample.timer.cancel()
         if sample.cache_key is not None:
             self._release_followers(sample, None)
+        call = sample.group_call
+        if call is not None and call.state != DONE and all(m.state == DONE for m in call.members):
+            self.abandon(call)  # every member of a group judge's call was settled from outside
 
     # -- admission ---------------------------------------------------------------------------------
     def pump(self) -> None:
@@ -444,10 +453,9 @@ class RequestPipeline:
         if error is None and not attempt.timed_out:
             self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
             try:
-                score, extra = normalize_score(value, sample.where)
-                if extra and USAGE_KEY in extra:
-                    reported = take_usage(extra)  # the judge's reported usage, as two integer keys (cost.py)
-                outcome: Outcome = Scored(score, extra, sample.attempts + 1)
+                outcome: Outcome = sample.scored(value)
+                if isinstance(outcome, Scored) and outcome.extra and USAGE_KEY in outcome.extra:
+                    reported = take_usage(outcome.extra)  # the judge's reported usage, as two integer keys (cost.py)
             except Exception as exc:  # noqa: BLE001 - e.g. 10**400 raises OverflowError in float()
                 outcome = Failed("invalid", str(exc) if isinstance(exc, RewardFunctionError)
                                  else f"{sample.where()} returned an unusable score: {type(exc).__name__}: {exc}",

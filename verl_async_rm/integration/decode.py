@@ -195,3 +195,54 @@ def sessions_of(keys: Sequence[str]) -> list[Session]:
         Session(uid, session, max(found)[1], tuple(key for _, key in found))
         for (uid, session), found in outputs.items()
     ]
+
+
+# -- v1: a session's request from its TransferQueue fields --------------------------------------------
+
+
+def session_reward_columns(get, reward_fn_key: str) -> dict[str, list]:
+    """The non-tensor columns ``decode_requests`` reads, from v1 TransferQueue fields (``get(name)``:
+    the field's values per row, None when absent): the agent loop's ``extra_fields`` are naive's
+    ``tool_extra_fields``, ``num_turns`` its ``__num_turns__``. The trainer (from TransferQueue) and
+    the agent-loop worker (from the fields it is about to put there) both build requests with this."""
+    columns = {}
+    for name in ("uid", "reward_model", "extra_info", reward_fn_key, "reward_scores"):
+        values = get(name)
+        if values is not None:
+            columns[name] = list(values)
+    for field, column in (("extra_fields", "tool_extra_fields"), ("num_turns", "__num_turns__")):
+        values = get(field)
+        if values is not None:
+            columns[column] = list(values)
+    return columns
+
+
+def requests_from_token_lists(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                              columns: dict[str, list], tokenizer, reward_fn_key: str, pad_id: int = 0) -> list[dict]:
+    """``decode_requests`` on rows given as token lists (prompts left-padded, responses right-padded,
+    the attention mask from their lengths), with ``columns`` as the non-tensor batch."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    n = len(prompts)
+    prompt_width = max([len(p) for p in prompts] + [1])
+    response_width = max([len(r) for r in responses] + [1])
+    prompt_ids = torch.full((n, prompt_width), pad_id, dtype=torch.long)
+    response_ids = torch.full((n, response_width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, prompt_width + response_width), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        if len(p):
+            prompt_ids[i, prompt_width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[i, prompt_width - len(p):prompt_width] = 1
+        if len(r):
+            response_ids[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, prompt_width:prompt_width + len(r)] = 1
+    non_tensor = {}
+    for name, values in columns.items():
+        array = np.empty(n, dtype=object)
+        array[:] = list(values)
+        non_tensor[name] = array
+    tensors = TensorDict({"prompts": prompt_ids, "responses": response_ids, "attention_mask": mask}, batch_size=n)
+    return decode_requests(DataProto(batch=tensors, non_tensor_batch=non_tensor), tokenizer, reward_fn_key)

@@ -24,6 +24,7 @@ from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, 
 from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
+from verl_async_rm.masking import check_masking, mask_shape_from_config
 
 NAME = "async_agent"
 _log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class AsyncAgentRewardManager(RewardManagerBase):
         if reward_fn_key:
             self.settings = type(self.settings)(**{**self.settings.__dict__, "reward_fn_key": reward_fn_key})
         check_spec(self.settings.reward)  # a bad path/name fails here, at start, in this process
+        check_masking(mask_shape_from_config(self.config))  # mask: only under the strategies (masking.py)
         self.client = connect(self.settings)
         self._warned_unstamped = False
 

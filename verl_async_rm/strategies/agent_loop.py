@@ -1,8 +1,9 @@
 """verl's AgentLoopManager without in-loop rewards, chosen through verl's own config seam
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (v0 strategies).
 
-Training batches come back from generation unscored, so generation never waits for a reward; the
-trainer submits them to the agent itself. Each output records which of its columns are the agent
+Training batches come back from generation unscored, so generation never waits for a reward: the
+agent-loop workers add each finished sample to the step's open ticket (``streaming.py``), or, with
+``stream_rewards=false``, the trainer submits the batch after generation. Each output records which of its columns are the agent
 loop's extra fields (``TOOL_FIELDS_KEY``), which naive hands a reward as ``tool_extra_fields``.
 Validation batches are scored through the agent here, waiting for all of them, and carry
 ``rm_scores`` and the reward's extra info as verl's validation expects. verl pads a validation
@@ -12,27 +13,23 @@ only the real rows are scored, and each padding row gets its source row's score 
 
 from __future__ import annotations
 
+import ray
+
 from verl import DataProto
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm.integration.decode import decode_requests, padding_sources, real_length_of_padded
 from verl_async_rm.strategies.rewards import BatchRewards, object_array, reorder
+from verl_async_rm.strategies.streaming import StreamingAgentLoopWorker, tool_field_columns
 
 CLASS_PATH = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
 TOOL_FIELDS_KEY = "async_rm_tool_fields"  # meta_info: the output columns that are agent-loop extra fields
-NOT_TOOL_FIELDS = frozenset({"__num_turns__", "multi_modal_inputs"})
-
-
-def tool_field_columns(output_keys, input_keys) -> list[str]:
-    """Columns verl's ``_postprocess`` added from the loops' ``extra_fields``: everything but the
-    prompt's own columns and verl's fixed ones (``raw_prompt`` is both: the loop copies it into its
-    extra fields, and naive's reward sees it there)."""
-    inputs = set(input_keys) - {"raw_prompt"}
-    return sorted(set(output_keys) - inputs - NOT_TOOL_FIELDS)
+__all__ = ["AgentLoopManagerWithoutRewards", "CLASS_PATH", "TOOL_FIELDS_KEY", "tool_field_columns"]
 
 
 class AgentLoopManagerWithoutRewards(AgentLoopManager):
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.agent_loop_workers_class = ray.remote(StreamingAgentLoopWorker)  # verl's seam for the worker class
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles=None)
         self._validation_rewards: BatchRewards | None = None
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 MAX_OFF_POLICY_STEPS = 4
+ON_STALE = ("wait", "drop")  # = pool.ON_STALE (plan stays import-free)
 MINI_BATCH_ORDERS = ("completion", "index")
 
 # Advantage estimators of verl 0.9.1 (trainer/ppo/core_algos.py), by what they read of the batch.
@@ -54,10 +55,24 @@ class StrategyConfig:
     # Which groups make a mini-batch: "completion" (the first scored, the fastest) or "index" (verl's
     # own mini-batches, rows in batch order: exact, but a mini-batch waits for its slowest group).
     mini_batch_order: str = "completion"
+    # Score while generating: each sample goes to the agent as its rollout finishes (streaming.py);
+    # false: the batch is submitted after generation ends (as before 0.x, for comparison).
+    stream_rewards: bool = True
+    # The staleness pool (pool.py): None = off (a step trains on its own batch, waiting for all of it);
+    # n = a group still waiting is carried into later steps, up to n of them, then on_stale decides.
+    max_staleness: Optional[int] = None
+    on_stale: str = "wait"  # "wait" for a due group, or "drop" it (counted)
+    # off_policy_steps=auto: the lookahead is chosen each step from measured reward latency vs step
+    # compute (pooled.choose_lookahead); off_policy_steps then holds the first value (1) and the cap.
+    auto_off_policy: bool = False
 
     @property
     def enabled(self) -> bool:
-        return self.mini_batch_pipeline or self.off_policy_steps > 0
+        return self.mini_batch_pipeline or self.off_policy_steps > 0 or self.pooled or self.auto_off_policy
+
+    @property
+    def pooled(self) -> bool:
+        return self.max_staleness is not None
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -80,15 +95,26 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
             raise ValueError("update_pipeline=False contradicts mini_batch_pipeline=True: set one of them")
         pipeline = pipeline or legacy
     steps = values.get("off_policy_steps") or 0
+    auto = steps == "auto"
+    if auto:
+        steps = 1  # until the first step is measured
     if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_OFF_POLICY_STEPS:
         raise ValueError(
-            f"off_policy_steps must be an integer in [0, {MAX_OFF_POLICY_STEPS}], got {steps!r} "
+            f"off_policy_steps must be 'auto' or an integer in [0, {MAX_OFF_POLICY_STEPS}], got {steps!r} "
             "(each step of lag keeps one more generated batch in memory and trains on older samples)"
         )
     order = values.get("mini_batch_order") or "completion"
     if order not in MINI_BATCH_ORDERS:
         raise ValueError(f"mini_batch_order must be one of {MINI_BATCH_ORDERS}, got {order!r}")
-    return StrategyConfig(pipeline, steps, order)
+    stream = values.get("stream_rewards")
+    stream = True if stream is None else _flag(stream, "stream_rewards")
+    staleness = values.get("max_staleness")
+    if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
+        raise ValueError(f"max_staleness must be null (no pool) or an integer >= 0, got {staleness!r}")
+    on_stale = values.get("on_stale") or "wait"
+    if on_stale not in ON_STALE:
+        raise ValueError(f"on_stale must be one of {ON_STALE}, got {on_stale!r}")
+    return StrategyConfig(pipeline, steps, order, stream, staleness, on_stale, auto)
 
 
 # -- the rest of verl's config, as the checks need it ------------------------------------------------
@@ -113,6 +139,8 @@ class TrainerShape:
     reward_manager: str = "naive"
     reward_model_enabled: bool = False
     filter_groups: bool = False
+    rollout_correction: bool = False  # algorithm.rollout_correction.rollout_is or rollout_rs set
+    calculate_log_probs: bool = True  # verl 0.9.1 default
 
 
 def _select(config: Any, dotted: str, default: Any = None) -> Any:
@@ -154,6 +182,9 @@ def shape_from_config(config: Any) -> TrainerShape:
         reward_manager=str(_select(config, "reward.reward_manager.name", "naive")),
         reward_model_enabled=bool(_select(config, "reward.reward_model.enable", False)),
         filter_groups=bool(_select(config, "algorithm.filter_groups.enable", False)),
+        rollout_correction=bool(_select(config, "algorithm.rollout_correction.rollout_is")
+                                or _select(config, "algorithm.rollout_correction.rollout_rs")),
+        calculate_log_probs=bool(_select(config, "actor_rollout_ref.rollout.calculate_log_probs", False)),
     )
 
 
@@ -181,6 +212,21 @@ def check_strategy(strategy: StrategyConfig, shape: TrainerShape) -> None:
             f"algorithm.adv_estimator={shape.adv_estimator} needs a second, greedy generation per prompt that the "
             "strategies' generation does not run; use another estimator or turn the strategies off"
         )
+    off_policy = strategy.off_policy_steps > 0 or strategy.auto_off_policy or strategy.pooled
+    if off_policy and shape.rollout_correction and not shape.calculate_log_probs:
+        raise ValueError(
+            "algorithm.rollout_correction is set but actor_rollout_ref.rollout.calculate_log_probs=false: without the "
+            "rollout's log-probs verl skips the correction silently, and these samples are generated by older weights; "
+            "set calculate_log_probs=true (or turn the correction off knowingly)"
+        )
+    if strategy.pooled:
+        if strategy.mini_batch_pipeline:
+            raise ValueError(
+                "max_staleness (the pool) trains each step on groups already scored, so there is nothing for "
+                "mini_batch_pipeline to overlap: use one of them"
+            )
+        if not shape.use_v1:
+            raise ValueError("max_staleness (the pool) runs on the v1 trainer only so far; use trainer.use_v1=true")
     if shape.use_v1:
         if strategy.off_policy_steps > 1:
             raise ValueError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Optional, Sequence
+from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -25,10 +25,19 @@ from verl_async_rm.strategies.timing import RewardTiming
 
 @dataclass
 class _Ticket:
-    ticket: int
-    requests: list[int]  # the ticket's sample i is request requests[i]
+    ticket: str
+    requests: Mapping[int, int]  # the ticket's sample index -> request (a list on the batch path)
     group_size: int
-    remaining: int
+    remaining: int  # of this batch's samples, not handed out yet
+
+
+@dataclass(frozen=True)
+class OpenStream:
+    """A step's open ticket: the agent-loop workers add its samples as their rollouts finish."""
+
+    ticket: str
+    opened_at: float
+    group_size: int | Mapping[Hashable, int]
 
 
 @dataclass
@@ -39,6 +48,8 @@ class PendingRewards:
     timing: RewardTiming
     latencies: list[float] = field(default_factory=list)
     failed: int = 0
+    uniform_groups: bool = True  # every group of the batch has the ticket's group size
+    strays: int = 0  # samples scored on the ticket whose rows the batch does not have (v1: dropped groups)
     usage: Usage = Usage()  # the judge's reported tokens for this batch (cost.py)
 
     @property
@@ -48,7 +59,8 @@ class PendingRewards:
     @property
     def regular(self) -> bool:
         """One ticket, one row per request: mini-batches of whole groups have a fixed size."""
-        return len(self.tickets) <= 1 and all(len(rows) == 1 for rows in self.rows_of)
+        return (len(self.tickets) <= 1 and self.uniform_groups and not self.strays
+                and all(len(rows) == 1 for rows in self.rows_of))
 
     @property
     def group_size(self) -> int:
@@ -125,8 +137,53 @@ class BatchRewards:
         tickets = []
         for size, members in sorted(by_size.items()):
             batch = [{**requests[i], "index": local} for local, i in enumerate(members)]
-            tickets.append(_Ticket(self.client.submit(batch, size), members, size, len(members)))
+            tickets.append(_Ticket(self.client.submit(batch, size), dict(enumerate(members)), size, len(members)))
         return PendingRewards(tickets, list(rows_of), group_of, RewardTiming(submitted_at))
+
+    # -- score while generating (streaming.py) ---------------------------------------------------
+    def open_stream(self, group_size: int | Mapping[Hashable, int]) -> OpenStream:
+        """Open the step's ticket before generation; its deadline counts from now."""
+        return OpenStream(self.client.open_ticket(group_size), time.monotonic(), group_size)
+
+    def close_stream(self, stream: OpenStream, rows_of: Mapping[int, tuple], group_of: Mapping[int, Hashable]) -> PendingRewards:
+        """After generation: no more samples. ``rows_of[index]``: the batch rows sample ``index``
+        scores; ``group_of[index]`` its group. Samples the workers added that the batch does not
+        have (v1: a group verl dropped because one of its sessions failed) are counted as strays:
+        they come back with the rest and are skipped."""
+        self.client.close_ticket(stream.ticket)
+        indices = sorted(rows_of)
+        added = self.client.remaining(stream.ticket)  # nothing taken yet: every sample added
+        missing = len(indices) - added
+        if missing > 0:
+            raise RuntimeError(f"{missing} generated samples never reached ticket {stream.ticket} "
+                               "(the agent-loop workers add each one before it is reported done)")
+        sizes = Counter(group_of[i] for i in indices)
+        size = stream.group_size if isinstance(stream.group_size, int) else max(sizes.values(), default=1)
+        uniform = all(n == size for n in sizes.values()) and (
+            isinstance(stream.group_size, int) or all(stream.group_size.get(g) == n for g, n in sizes.items()))
+        ticket = _Ticket(stream.ticket, {index: position for position, index in enumerate(indices)}, size, len(indices))
+        return PendingRewards([ticket], [tuple(rows_of[i]) for i in indices], [group_of[i] for i in indices],
+                              RewardTiming(stream.opened_at), uniform_groups=uniform, strays=added - len(indices))
+
+    def abandon_stream(self, stream: OpenStream) -> None:
+        """Generation failed: stop scoring what was added."""
+        self.client.cancel(stream.ticket)
+
+    def take_group(self, pending: PendingRewards, timeout: Optional[float]) -> Optional[ScoredRows]:
+        """One whole group of ``pending``, the next to be scored; None if none is within ``timeout``
+        (0: only one already scored). Needs a batch of one group size (``regular``)."""
+        if not pending.regular:
+            raise ValueError(
+                "the staleness pool takes a batch group by group and needs groups of one size, one row each "
+                "(v1: no per-prompt __rollout_n__, no multi-output sessions, no failed sessions)"
+            )
+        ticket = pending.tickets[0]
+        if not ticket.remaining:
+            return None
+        try:
+            return self._take(pending, ticket, pending.group_size, timeout)
+        except TimeoutError:
+            return None
 
     def take(self, pending: PendingRewards, n: Optional[int] = None) -> ScoredRows:
         """Whole groups totalling ``n`` requests in completion order (one ticket only), or everything
@@ -139,21 +196,27 @@ class BatchRewards:
                 out.extend(self._take(pending, ticket, n))
         return out
 
-    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int]) -> ScoredRows:
+    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int], timeout: Optional[float] = None) -> ScoredRows:
         start = time.monotonic()
-        chunk = self.client.get(ticket.ticket, n)
+        # With strays, whole groups "totalling n" may include some: only take-all is used then
+        # (an irregular batch is trained whole), so nothing of this batch is left behind.
+        if timeout is None:
+            chunk = self.client.get(ticket.ticket, None if pending.strays else n)
+        else:
+            chunk = self.client.get(ticket.ticket, n, timeout)
         pending.timing.blocked += time.monotonic() - start
         pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
-        pending.latencies += [x for x in chunk.latencies if x is not None]
-        ticket.remaining -= len(chunk.indices)
+        ours = [p for p, local in enumerate(chunk.indices) if local in ticket.requests]
+        pending.latencies += [chunk.latencies[p] for p in ours if chunk.latencies[p] is not None]
+        ticket.remaining -= len(ours)
         extra = fixed_extra_columns(chunk.scores, chunk.extra_info, self.extra_keys)
-        pending.failed += int(sum(extra["reward_failed"]))
-        usage = chunk_usage(chunk.extra_info)
+        pending.failed += int(sum(extra["reward_failed"][p] for p in ours))
+        usage = chunk_usage(chunk.extra_info)  # the judge's reported usage (cost.py)
         pending.usage += usage
         self.total_usage += usage
         out = ScoredRows.empty(self.fixed_keys)
-        for position, local in enumerate(chunk.indices):
-            request = ticket.requests[local]
+        for position in ours:
+            request = ticket.requests[chunk.indices[position]]
             for row in pending.rows_of[request]:
                 out.rows.append(row)
                 out.scores.append(chunk.scores[position])

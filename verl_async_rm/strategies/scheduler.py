@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from verl_async_rm.cost import usage_metrics
+from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASK, MASKED_SAMPLES_METRIC, decide
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, schedule_updates
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows
@@ -41,6 +42,7 @@ class GeneratedBatch:
     epoch: int
     loader_state: Optional[dict]  # the dataloader's state before this batch was drawn: resuming there regenerates it
     weights_step: int  # the global step whose weights generated it (staleness = trainer step - 1 - this)
+    positions: Optional[dict] = None  # group -> the prompt's position in the drawn batch (the pool's checkpoints)
 
 
 class Lookahead:
@@ -86,6 +88,9 @@ class TrainerOps(Protocol):
     def pipelineable(self, batch, pending: PendingRewards) -> bool: ...
 
     def attach(self, batch, scored: ScoredRows) -> None: ...
+
+    def mask(self, batch, rows: list) -> None:
+        """failure_policy=mask: these rows train on nothing (zero loss mask, zero advantages/returns)."""
 
     def advantages(self, batch, rows: Optional[list], kl: DeferredKL) -> dict: ...
 
@@ -157,15 +162,19 @@ class StepScheduler:
         return MiniBatchPlan(self.plan.samples_per_mini_batch * self.plan.mini_batches, 1, 1,
                              self.plan.actor_epochs, self.plan.critic_epochs)
 
-    def train(self, ops: TrainerOps, batch, pending: PendingRewards, *, update_actor: bool, timing_raw: dict,
-              kl_controller: Any = None) -> dict:
-        """Score, advantage and update one generated batch; returns the step's metrics."""
-        pipelined = self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
+    def train(self, ops: TrainerOps, batch, pending: Optional[PendingRewards], *, update_actor: bool, timing_raw: dict,
+              kl_controller: Any = None, scored: Optional[ScoredRows] = None) -> dict:
+        """Score, advantage and update one generated batch; returns the step's metrics. ``scored``:
+        every row's score already in hand (the staleness pool's batches): one whole-batch update."""
+        pipelined = scored is None and self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
         plan = self.plan if pipelined else self._whole_batch()
         schedule = schedule_updates(plan, use_critic=self.use_critic, update_actor=update_actor)
         kl = DeferredKL(kl_controller) if kl_controller is not None else None
         order = ops.rows(batch)
-        group_of_row = {row: pending.group_of[r] for r, rows in enumerate(pending.rows_of) for row in rows}
+        if scored is not None:
+            group_of_row = dict(zip(scored.rows, scored.row_groups))
+        else:
+            group_of_row = {row: pending.group_of[r] for r, rows in enumerate(pending.rows_of) for row in rows}
         rows_of_group: dict[Any, list] = {}
         for row in order:
             if row in group_of_row:
@@ -173,22 +182,26 @@ class StepScheduler:
         merger = MetricMerger()
         metrics: dict = {}
         advantaged: set = set()
+        masked: set = set()
         pieces: list[list] = []
         held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken, not yet trained
         for part in range(plan.mini_batches):
             with self.timer("reward_wait", timing_raw, color="yellow"):
                 if not pipelined:
-                    scored, piece = self.rewards.take(pending), None
+                    scored, piece = (scored if scored is not None else self.rewards.take(pending)), None
                 elif self.strategy.mini_batch_order == "completion":
                     scored = self.rewards.take(pending, plan.samples_per_mini_batch)
                     piece = list(scored.rows)
                 else:
                     scored, piece, held = self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
             ops.attach(batch, scored)
+            masked |= self._mask(ops, batch, scored, pending, metrics)
             fresh = [g for g in scored.groups if g not in advantaged]
             advantaged.update(fresh)
             with self.timer("adv", timing_raw, color="brown"):
                 rows = None if piece is None else [row for g in fresh for row in rows_of_group[g]]
+                if masked:  # advantages of the usable rows alone: group statistics without the masked ones
+                    rows = [row for row in (order if rows is None else rows) if row not in masked]
                 metrics.update(ops.advantages(batch, rows, kl))
             pieces.append(piece)
             for call in schedule.after_piece(part):
@@ -201,6 +214,23 @@ class StepScheduler:
             metrics.update(kl.flush())
         metrics["async_reward/pipelined"] = float(pipelined)
         return metrics
+
+    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict) -> set:
+        """failure_policy=mask: mask the failed rows of these whole groups, and every row of a group
+        left with fewer than min_group_success usable samples (see verl_async_rm/masking.py)."""
+        agent = self.rewards.settings.agent
+        if agent.failure_policy != MASK:
+            return set()
+        # a sample (one reward request) may stand for several rows (v1: a session's outputs); without
+        # the pending tickets (rows scored elsewhere) each row counts as its own sample
+        sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows} if pending is not None else {}
+        decision = decide(scored.rows, scored.row_groups, [sample_of_row.get(row, row) for row in scored.rows],
+                          scored.extra_info["reward_failed"], agent.min_group_success)
+        metrics[MASKED_SAMPLES_METRIC] = metrics.get(MASKED_SAMPLES_METRIC, 0) + decision.masked_samples
+        metrics[DROPPED_GROUPS_METRIC] = metrics.get(DROPPED_GROUPS_METRIC, 0) + decision.dropped_groups
+        if decision.any:
+            ops.mask(batch, list(decision.masked_rows))
+        return set(decision.masked_rows)
 
     def _take_index_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
         """verl's own mini-batch ``part``: rows [part*size, (part+1)*size) of the batch order. Takes
@@ -228,6 +258,9 @@ class StepScheduler:
             **rewards.timing.metrics(),
             **latency_metrics(rewards.latencies),
             "async_reward/staleness": global_steps - 1 - generated.weights_step,
+            # the pool's per-sample names, for one metric across modes (every sample of a batch alike here)
+            "async_rm/staleness/mean": float(global_steps - 1 - generated.weights_step),
+            "async_rm/staleness/max": float(global_steps - 1 - generated.weights_step),
             "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / max(1, rewards.group_size),
             "async_reward/failed": rewards.failed,
             **usage_metrics(rewards.usage, self.rewards.total_usage, self.rewards.prices),

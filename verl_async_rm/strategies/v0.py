@@ -48,6 +48,7 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl_async_rm.integration.decode import decode_requests, valid_response_lengths
+from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN, MASK, check_masking, mask_shape_from_config
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
@@ -60,6 +61,9 @@ from verl_async_rm.strategies.plan import (
 )
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
+from verl_async_rm.strategies.streaming import ROW_KEY, TICKET_KEY
+
+STALENESS_COLUMN = "async_rm_staleness"
 from verl_async_rm.strategies.workers import update_flags
 
 def images_seqlens(batch: DataProto) -> list:
@@ -99,6 +103,19 @@ class V0Ops:
         batch.batch["token_level_scores"][rows, lengths - 1] = torch.as_tensor(scored.scores, dtype=torch.float32)
         for key, values in scored.extra_info.items():
             batch.non_tensor_batch[key][scored.rows] = object_array(values)
+
+    def mask(self, batch: DataProto, rows: list) -> None:
+        """failure_policy=mask: the rows leave the loss and its token count (verl's engine counts the
+        mini-batch's tokens from ``response_mask``), with zero advantages, returns and rewards; the
+        other rows' advantages are then computed without them (``StepScheduler._mask``)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        batch.batch["response_mask"][index] = 0
+        for key in ("advantages", "returns", "token_level_rewards"):
+            if key not in batch.batch.keys():
+                batch.batch[key] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
+            batch.batch[key][index] = 0
+        if self.correction is not None:  # the whole-batch rollout-correction mask, applied per mini-batch
+            self.correction[0][index] = 0
 
     def advantages(self, batch: DataProto, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         """KL-in-reward, rollout correction and advantages for whole groups, as verl's loop does them."""
@@ -161,6 +178,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self.strategy = strategy_from_mapping(self.config)
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)  # also reached through verl's own entry point
+        check_masking(mask_shape_from_config(self.config))
         self.plan = plan_mini_batches(self.strategy, shape)
         self.rewards: BatchRewards | None = None
         self.scheduler: StepScheduler | None = None
@@ -321,9 +339,19 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         gen_batch.meta_info["global_steps"] = self.global_steps
         rollout_n = self.config.actor_rollout_ref.rollout.n
         gen_batch = gen_batch.repeat(repeat_times=rollout_n, interleave=True)
+        stream = None
+        if self.strategy.stream_rewards:  # each sample is added to this ticket as its rollout finishes
+            stream = self.rewards.open_stream(rollout_n)
+            gen_batch.meta_info[TICKET_KEY] = stream.ticket
+            gen_batch.non_tensor_batch[ROW_KEY] = np.arange(len(gen_batch), dtype=np.int64)
         if profile:
             self.llm_server_manager.start_profile()
-        output = self.async_rollout_manager.generate_sequences(gen_batch)
+        try:
+            output = self.async_rollout_manager.generate_sequences(gen_batch)
+        except BaseException:
+            if stream is not None:
+                self.rewards.abandon_stream(stream)
+            raise
         if profile:
             self.llm_server_manager.stop_profile()
         timing_raw.update(output.meta_info.pop("timing", {}))
@@ -336,13 +364,22 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
-            requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
-            rewards = self.rewards.submit(requests)
+            if stream is not None:
+                # the sample of generation row r is index r of the ticket; balancing moved the rows
+                sources = batch.non_tensor_batch.pop(ROW_KEY)
+                uids = batch.non_tensor_batch["uid"]
+                rewards = self.rewards.close_stream(stream, {int(r): (i,) for i, r in enumerate(sources)},
+                                                    {int(r): uids[i] for i, r in enumerate(sources)})
+            else:
+                requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
+                rewards = self.rewards.submit(requests)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
 
     # -- one step ---------------------------------------------------------------------------------
     def _train_step(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
         batch = current.batch
+        # per sample: policy updates between the weights that generated it and the ones it trains
+        batch.non_tensor_batch[STALENESS_COLUMN] = object_array([self.global_steps - 1 - current.weights_step] * len(batch))
         ops = V0Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         self._compute_policy_inputs(batch, ops, metrics, timing_raw)
         update_actor = self.config.trainer.critic_warmup <= self.global_steps
@@ -355,6 +392,10 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:
             extra = {key: batch.non_tensor_batch[key] for key in self.rewards.fixed_keys}
+            if self.rewards.settings.agent.failure_policy == MASK:
+                # what the updates trained on: a masked row has no loss tokens and a zero advantage
+                extra[LOSS_TOKENS_COLUMN] = batch.batch["response_mask"].sum(-1).tolist()
+                extra[ADVANTAGE_COLUMN] = batch.batch["advantages"][:, 0].tolist()
             self._log_rollout_data(batch, {"uid": batch.non_tensor_batch["uid"], **extra}, timing_raw, rollout_data_dir)
         return batch
 

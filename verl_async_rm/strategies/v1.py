@@ -16,6 +16,8 @@ names change those, and "colocate_async" would sleep the replicas mid-step. See 
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from typing import Optional
@@ -32,7 +34,16 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
-from verl_async_rm.integration.decode import decode_requests, sessions_of
+from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
+from verl_async_rm.integration.group_sizes import sessions_per_prompt
+from verl_async_rm.masking import (
+    ADVANTAGE_COLUMN,
+    LOSS_MASK_TOKENS_COLUMN,
+    LOSS_TOKENS_COLUMN,
+    MASK,
+    check_masking,
+    mask_shape_from_config,
+)
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
@@ -43,7 +54,9 @@ from verl_async_rm.strategies.plan import (
     shape_from_config,
     strategy_from_mapping,
 )
-from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
+from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
+from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
+from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
@@ -52,6 +65,8 @@ from verl_async_rm.strategies.workers import (
 )
 
 MODE = V1_MODE
+STALENESS_FIELD = "async_rm_staleness"  # per sample: trainer step - 1 - the step of the weights that generated it
+POOL_STATE_FILE = "async_rm_pool.json"  # in the checkpoint folder: prompts of regenerated batches already trained
 CORRECTION_PREFIX = "rollout_corr/"
 KL_METRICS = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
 
@@ -70,8 +85,9 @@ class _WithoutStreamingRewards:
         return getattr(self._inner, name)
 
 
-def _padded_tensor(nested, pad) -> torch.Tensor:
-    return nested.to_padded_tensor(padding=pad)
+def _real_keys(batch: KVBatchMeta) -> list:
+    """The batch's trajectory keys without the replay buffer's padding rows."""
+    return [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
 
 
 class V1Ops:
@@ -97,6 +113,12 @@ class V1Ops:
     def attach(self, batch: KVBatchMeta, scored: ScoredRows) -> None:
         """``rm_scores``: each row's score on its last response token, as verl's agent loop puts it."""
         self.trainer._put_scores(batch.partition_id, scored)
+
+    def mask(self, batch: KVBatchMeta, rows: list) -> None:
+        """failure_policy=mask: zero ``response_mask`` and ``loss_mask`` (verl's engine counts a
+        mini-batch's tokens from the latter, its losses read the former), advantages and returns of
+        these rows in TransferQueue; the other rows' advantages are computed without them."""
+        self.trainer._put_masked(batch.partition_id, rows)
 
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         trainer = self.trainer
@@ -132,7 +154,23 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self.strategy = strategy_from_mapping(self.config)
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)
+        check_masking(mask_shape_from_config(self.config))
         self.plan = plan_mini_batches(self.strategy, shape)
+        if self.strategy.stream_rewards:
+            chosen = self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+            if chosen != V1_MANAGER_CLASS:
+                raise ValueError(
+                    f"stream_rewards=true needs actor_rollout_ref.rollout.agent.agent_loop_manager_class={V1_MANAGER_CLASS} "
+                    f"(got {chosen}): its workers add each sample to the step's ticket. `python -m verl_async_rm.main_ppo` "
+                    "sets it; or set stream_rewards=false"
+                )
+        self._stream_next_batch = False
+        self._open_stream: Optional[tuple[OpenStream, dict]] = None
+        self._last_positions: dict = {}  # uid -> position of the last drawn training batch
+        self._pool: Optional[PoolDriver] = None
+        self._pool_resume: list = []  # resume: the batches live at the checkpoint ({"born", "trained"})
+        self._generated_for = 0  # the pool: the last step a batch was generated for
+        self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -155,30 +193,42 @@ class AsyncRewardTrainer(PPOTrainerSync):
     # -- rewards through the agent ---------------------------------------------------------------
     def _submit(self, batch: KVBatchMeta) -> PendingRewards:
         """One request per session (its final output), scoring every output of the session."""
-        real = [k for k, tag in zip(batch.keys, batch.tags) if not tag.get("is_padding", False)]
-        sessions = sessions_of(real)
+        sessions = sessions_of(_real_keys(batch))
         finals = [s.final_key for s in sessions]
         data = tq.kv_batch_get(keys=finals, partition_id=batch.partition_id)  # every field: some are optional
-        pad = self.tokenizer.pad_token_id
-        prompts, responses = _padded_tensor(data["prompts"], pad), _padded_tensor(data["responses"], pad)
-        mask = torch.cat(
-            [self._lengths_to_mask(data["prompts"].offsets().diff(), prompts.size(1)),
-             self._lengths_to_mask(data["responses"].offsets().diff(), responses.size(1))], dim=1,
-        )
-        non_tensor = {}
-        for name in ("uid", "reward_model", "extra_info", self.rewards.settings.reward_fn_key, "reward_scores"):
-            if name in data.keys():
-                non_tensor[name] = object_array(tu.get(data, name))
-        if "extra_fields" in data.keys():  # the agent loop's extra fields: naive's tool_extra_fields
-            non_tensor["tool_extra_fields"] = object_array(tu.get(data, "extra_fields"))
-        if "num_turns" in data.keys():
-            non_tensor["__num_turns__"] = object_array(tu.get(data, "num_turns"))
-        tensors = TensorDict({"prompts": prompts, "responses": responses, "attention_mask": mask}, batch_size=len(finals))
-        requests = decode_requests(DataProto(batch=tensors, non_tensor_batch=non_tensor), self.tokenizer,
-                                   self.rewards.settings.reward_fn_key)
+        key = self.rewards.settings.reward_fn_key
+        # the same columns and decoding as the agent-loop workers' (streaming.py)
+        columns = session_reward_columns(lambda name: tu.get(data, name) if name in data.keys() else None, key)
+        requests = requests_from_token_lists([t.tolist() for t in data["prompts"].unbind()],
+                                             [t.tolist() for t in data["responses"].unbind()], columns, self.tokenizer, key)
         for request, session in zip(requests, sessions, strict=True):
             request["uid"] = session.uid  # the group, whatever the dataset's uid column says
         return self.rewards.submit(requests, rows_of=[s.keys for s in sessions])
+
+    # -- score while generating (streaming.py) ---------------------------------------------------
+    def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
+        """verl's, with the step's ticket opened first and named in the prompts (training batches
+        drawn by ``_generate`` only)."""
+        uids = [str(uid) for uid in batch["uid"]]
+        self._last_positions = {uid: i for i, uid in enumerate(uids)}
+        if self._stream_next_batch:
+            self._stream_next_batch = False
+            rollout = self.config.actor_rollout_ref.rollout
+            explicit = tu.get(batch, "__rollout_n__", default=None)
+            sizes = sessions_per_prompt(len(uids), False, None if explicit is None else list(explicit), rollout.n, rollout.val_kwargs.n)
+            stream = self.rewards.open_stream(dict(zip(uids, sizes)))
+            tu.assign_non_tensor_data(batch, TICKET_KEY, stream.ticket)
+            tu.assign_non_tensor_stack(batch, PROMPT_KEY, list(range(len(uids))))
+            self._open_stream = (stream, {uid: i for i, uid in enumerate(uids)})
+        return super()._submit_batch_to_rollout(batch)
+
+    def _close_stream(self, batch: KVBatchMeta) -> PendingRewards:
+        stream, prompt_of = self._open_stream
+        self._open_stream = None
+        sessions = sessions_of(_real_keys(batch))
+        indices = [v1_index(prompt_of[s.uid], int(s.session)) for s in sessions]
+        return self.rewards.close_stream(stream, {i: s.keys for i, s in zip(indices, sessions)},
+                                         {i: s.uid for i, s in zip(indices, sessions)})
 
     def _put_scores(self, partition_id: str, scored: ScoredRows, with_extra_info: bool = False) -> None:
         if not scored.rows:
@@ -200,6 +250,17 @@ class AsyncRewardTrainer(PPOTrainerSync):
             ]
         tq.kv_batch_put(keys=scored.rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
+    def _put_masked(self, partition_id: str, rows: list) -> None:
+        masks = tq.kv_batch_get(keys=rows, partition_id=partition_id, select_fields=["response_mask", "loss_mask"])
+        zeros = [torch.zeros_like(mask) for mask in masks["response_mask"].unbind()]
+        fields = {
+            "response_mask": torch.nested.as_nested_tensor(zeros, layout=torch.jagged),
+            "loss_mask": torch.nested.as_nested_tensor([torch.zeros_like(m) for m in masks["loss_mask"].unbind()], layout=torch.jagged),
+        }
+        for name in ("advantages", "returns"):
+            fields[name] = torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged)
+        tq.kv_batch_put(keys=rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
+
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
         """Validation (and any whole-batch scoring): through the agent, waiting for every score."""
         pending = self._submit(batch)
@@ -209,27 +270,115 @@ class AsyncRewardTrainer(PPOTrainerSync):
     # -- a step ----------------------------------------------------------------------------------
     def _generate(self, metrics: dict) -> GeneratedBatch:
         loader_state = self.train_dataloader.state_dict()  # before the draw: resuming there regenerates it
-        self._add_batch_to_generate()
-        batch, sample_metrics = self.replay_buffer.sample(
-            global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
-        )
+        self._stream_next_batch = self.strategy.stream_rewards
+        try:
+            self._add_batch_to_generate()
+            batch, sample_metrics = self.replay_buffer.sample(
+                global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
+            )
+        except BaseException:
+            if self._open_stream is not None:
+                self.rewards.abandon_stream(self._open_stream[0])
+                self._open_stream = None
+            raise
         metrics.update(sample_metrics)
         batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        return GeneratedBatch(batch, self._submit(batch), epoch=0, loader_state=loader_state,
-                              weights_step=self.global_steps - 1)
+        rewards = self._close_stream(batch) if self._open_stream is not None else self._submit(batch)
+        return GeneratedBatch(batch, rewards, epoch=0, loader_state=loader_state, weights_step=self.global_steps - 1,
+                              positions=dict(self._last_positions))
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        with marked_timer("gen", timing_raw, color="red"):
-            self.on_sample_begin()
-            self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
-            self.on_sample_end()  # replicas sleep once, after the step's last generation
-        current = self.lookahead.pop()
-        batch = self._train_on(current, metrics, timing_raw)
-        metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        if self.strategy.pooled:
+            batch = self._pooled_step(metrics, timing_raw)
+        else:
+            with marked_timer("gen", timing_raw, color="red"):
+                self.on_sample_begin()
+                self.lookahead.top_up(self.global_steps, self.total_training_steps, lambda: self._generate(metrics))
+                self.on_sample_end()  # replicas sleep once, after the step's last generation
+            current = self.lookahead.pop()
+            stale = self.global_steps - 1 - current.weights_step
+            tq.kv_batch_put(keys=current.batch.keys, partition_id=current.batch.partition_id,
+                            fields=tu.get_tensordict({STALENESS_FIELD: torch.full((len(current.batch),), stale, dtype=torch.int64)}))
+            started = time.monotonic()
+            batch = self._train_on(current, metrics, timing_raw)
+            self._measure(current.rewards, time.monotonic() - started - current.rewards.timing.blocked)
+            metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        metrics.update(self._auto_lookahead())
         metrics["async_reward/wall_clock"] = time.time()
         return batch
 
-    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+    # -- off_policy_steps=auto ---------------------------------------------------------------------
+    def _measure(self, pending: PendingRewards, compute_s: float) -> None:
+        self._measured["latency"] = (self._measured["latency"] + list(pending.latencies))[-4096:]
+        self._measured["compute"] = (self._measured["compute"] + [max(compute_s, 1e-3)])[-16:]
+
+    def _auto_lookahead(self) -> dict:
+        """Rule (pooled.choose_lookahead): ceil(p90 group latency / median step compute), clamped to
+        [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
+        if not self.strategy.auto_off_policy:
+            return {}
+        chosen = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=1)
+        if chosen != self.lookahead.depth:
+            print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
+                  f"(reward latency p90 vs step compute measured so far)", flush=True)
+            self.lookahead.depth = chosen
+        return {"async_rm/off_policy_steps": float(chosen)}
+
+    # -- the staleness pool (pooled.py) -----------------------------------------------------------
+    def _pooled_step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        def generate(born: int) -> None:
+            generated = self._generate(metrics)
+            self._pool.add(generated, born=born, position_of=generated.positions)
+
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            if self._pool is None:
+                live = self._pool_resume  # resume: the batches live at the checkpoint, drawn again first
+                self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size), self.strategy.max_staleness,
+                                        self.strategy.on_stale, skip={i: set(b["trained"]) for i, b in enumerate(live)})
+                for batch in live:
+                    generate(int(batch["born"]))
+                self._generated_for = max([int(b["born"]) for b in live], default=self.global_steps - 1)
+            while self._generated_for < min(self.global_steps + self.lookahead.depth, self.total_training_steps):
+                self._generated_for += 1
+                generate(self._generated_for)
+            self.on_sample_end()
+
+        def generate_more() -> bool:
+            """Drops ate the supply (on_stale=drop): one batch more, for this step, by the same weights.
+            The replicas slept after this step's generation: wake them as verl does (a weight sync of
+            the unchanged weights), generate, and put them back to sleep."""
+            self.checkpoint_manager.update_weights(self.global_steps - 1)
+            self.on_sample_begin()
+            generate(self.global_steps)
+            self.on_sample_end()
+            return True
+
+        tags = {}  # every live row's replay-buffer tag (a batch this step finishes retires)
+        for live in self._pool.live:
+            tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
+        with marked_timer("reward_wait", timing_raw, color="yellow"):
+            chosen = self._pool.next_step(self.global_steps, generate_more)
+        for live in self._pool.live:  # generate_more may have added one
+            tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
+        stale = chosen.dropped_rows + self._pool.skipped_rows
+        self._pool.skipped_rows = []
+        if stale:
+            tq.kv_clear(keys=stale, partition_id="train")
+        batch = KVBatchMeta(partition_id="train", keys=list(chosen.rows), tags=[tags[k] for k in chosen.rows],
+                            extra_info={"temperature": self.config.actor_rollout_ref.rollout.temperature})
+        staleness = torch.tensor([chosen.staleness_of_row[k] for k in chosen.rows], dtype=torch.int64)
+        tq.kv_batch_put(keys=batch.keys, partition_id="train", fields=tu.get_tensordict({STALENESS_FIELD: staleness}))
+        started = time.monotonic()
+        batch = self._train_on(GeneratedBatch(batch, None, 0, None, self.global_steps - 1), metrics, timing_raw,
+                               scored=chosen.scored)
+        compute = time.monotonic() - started
+        self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
+        self._measured["latency"] = (self._measured["latency"] + self._pool.new_latencies())[-4096:]
+        metrics.update(chosen.metrics)
+        return batch
+
+    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, scored: Optional[ScoredRows] = None) -> KVBatchMeta:
         batch = self._balance_batch(current.batch, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._compute_old_log_prob(batch, metrics=metrics)
@@ -243,7 +392,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         ops = V1Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
         metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
-                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps))
+                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
         return batch
 
     def _correction_metrics(self, batch: KVBatchMeta) -> dict:
@@ -261,11 +410,61 @@ class AsyncRewardTrainer(PPOTrainerSync):
         _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
         return metrics
 
+    # -- the rollout dump --------------------------------------------------------------------------
+    def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str):
+        """verl's dump; with failure_policy=mask also what the updates trained on, per row."""
+        self._mask_columns = None
+        if self.rewards.settings.agent.failure_policy == MASK:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=["response_mask", "loss_mask", "advantages"])
+            self._mask_columns = {
+                key: {LOSS_TOKENS_COLUMN: int(mask.sum()), LOSS_MASK_TOKENS_COLUMN: int(loss.sum()),
+                      ADVANTAGE_COLUMN: float(adv[0]) if len(adv) else 0.0}
+                for key, mask, loss, adv in zip(batch.keys, data["response_mask"].unbind(),
+                                                data["loss_mask"].unbind(), data["advantages"].unbind())
+            }
+        return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+
+    def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        columns = getattr(self, "_mask_columns", None)
+        if columns and "uid" in reward_extra_infos_dict:  # verl's training dump: rows by trajectory key
+            keys = reward_extra_infos_dict["uid"]
+            for name in (LOSS_TOKENS_COLUMN, LOSS_MASK_TOKENS_COLUMN, ADVANTAGE_COLUMN):
+                reward_extra_infos_dict[name] = [columns[key][name] for key in keys]
+            self._mask_columns = None
+        return super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
+
     # -- checkpoints -----------------------------------------------------------------------------
     def _save_checkpoint(self):
-        """Saved with the dataloader position before the prefetched batch: resuming regenerates it."""
-        with loader_state_reported_as(self.train_dataloader, self.lookahead.resume_state()):
-            return super()._save_checkpoint()
+        """Saved with the dataloader position before the prefetched batch (the pool: before the
+        oldest batch with groups not trained yet, plus which of its prompts were): resuming
+        regenerates them, so nothing is lost and nothing trained twice."""
+        state, trained = self.lookahead.resume_state(), []
+        if self._pool is not None:
+            state, trained = self._pool.resume_state(state)
+        with loader_state_reported_as(self.train_dataloader, state):
+            result = super()._save_checkpoint()
+        if self._pool is not None:
+            with open(os.path.join(self._step_folder(self.global_steps), POOL_STATE_FILE), "w") as f:
+                json.dump({"live": trained}, f)
+        return result
+
+    def _step_folder(self, step: int) -> str:
+        folder = self.config.trainer.default_local_dir
+        if not os.path.isabs(folder):
+            folder = os.path.join(os.getcwd(), folder)
+        return os.path.join(folder, f"global_step_{step}")
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.strategy.pooled and self.global_steps > 0:
+            folder = (self.config.trainer.resume_from_path if self.config.trainer.resume_mode == "resume_path"
+                      else self._step_folder(self.global_steps))
+            path = os.path.join(folder, POOL_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self._pool_resume = json.load(f)["live"]
+        return result
 
 
 def register_mode(module) -> None:

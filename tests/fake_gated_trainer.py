@@ -1,0 +1,16 @@
+"""A stand-in for verl's entry point in the launcher's start-gate test: it 'starts up', waits at the
+gate exactly as verl's trainer does with the CPU backend's patch, then writes one metrics line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from verl_async_rm.cpu_backend.start_gate import GATE_ENV, wait_at_gate
+
+if __name__ == "__main__":
+    wait_at_gate(os.environ[GATE_ENV])
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
+        f.write(json.dumps({"step": 1, "data": {"training/global_step": 1, "timing_s/step": 0.5}}) + "\n")
+    sys.exit(int(os.environ.get("FAKE_TRAINER_EXIT", "0")))

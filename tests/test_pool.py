@@ -1,0 +1,152 @@
+"""The pool of scored groups (strategies/pool.py): every group trained once or dropped, never
+staler than ``max_staleness``, oldest ready first, a straggler never holding a step that has enough
+ready groups; and the auto lookahead rule. Pure, Hypothesis, fast."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead
+
+pytestmark = pytest.mark.quick
+
+
+def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction):
+    """Steps 1..steps; batch b (G groups) is generated for step b, ``lookahead`` steps early; before
+    each selection a random part of the pending groups has been scored; a wait scores one more (the
+    awaited group, or a random one)."""
+    rng = random.Random(seed)
+    pool = GroupPool(groups_per_step, max_staleness, on_stale)
+    generated, log, extra, born_of = 0, [], 0, {}
+    for step in range(1, steps + 1):
+        while generated < min(step + lookahead, steps):  # top up: batches for steps ..step+lookahead
+            generated += 1
+            pool.add([(generated, i) for i in range(groups_per_step)], born=generated)
+            born_of.update({(generated, i): generated for i in range(groups_per_step)})
+        for key in pool.pending():
+            if rng.random() < ready_fraction:
+                pool.scored(key)
+        ready_at_start = {k for k, g in pool.groups.items() if g.ready}
+        waits, dropped = 0, []
+        while True:
+            choice = pool.select(step)
+            dropped += list(choice.drop)
+            if choice.starved:  # drops ate the supply: one batch more, for this step
+                extra += 1
+                pool.add([(steps + extra, i) for i in range(groups_per_step)], born=step)
+                born_of.update({(steps + extra, i): step for i in range(groups_per_step)})
+                continue
+            if not choice.waiting:
+                break
+            waits += 1
+            pending = pool.pending()
+            pool.scored(choice.wait_for if choice.wait_for is not None else rng.choice(pending))
+        log.append(dict(step=step, take=choice.take, dropped=dropped, waits=waits, ready_at_start=ready_at_start))
+    return pool, log, extra, born_of
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=st.integers(1, 5), steps=st.integers(1, 8), k=st.integers(0, 3), s=st.integers(0, 3),
+       on_stale=st.sampled_from(["wait", "drop"]), seed=st.integers(0, 10**6), ready=st.floats(0, 1))
+def test_every_group_once_never_too_stale_oldest_first(g, steps, k, s, on_stale, seed, ready):
+    pool, log, extra, born_of = simulate(g, steps, k, s, on_stale, seed, ready)
+    assert on_stale == "drop" or not extra
+    taken = [key for entry in log for key in entry["take"]]
+    dropped = [key for entry in log for key in entry["dropped"]]
+    assert len(taken) == len(set(taken)) and not set(taken) & set(dropped)  # nothing twice
+    assert pool.dropped == len(dropped) and (on_stale == "drop" or not dropped)
+    every = {(b, i) for b in range(1, steps + extra + 1) for i in range(g)}
+    assert set(taken) | set(dropped) | set(pool.groups) == every  # nothing lost
+    for entry in log:
+        step = entry["step"]
+        assert all(step - born_of[key] <= s for key in entry["take"])  # bounded staleness
+        # a full step every time: the pool always holds enough groups (generation runs ahead)
+        assert len(entry["take"]) == g
+        # oldest first among the groups ready when the step chose: nothing ready and older than a
+        # taken group (that was not due) was left behind
+        age = lambda key: (born_of[key], key)  # noqa: E731 - birth step, then generation order
+        left = [key for key in entry["ready_at_start"] if key not in entry["take"] and key not in entry["dropped"]]
+        chosen_freely = [key for key in entry["take"] if step - born_of[key] < s]  # due groups are forced
+        for key in left:
+            assert all(age(key) > age(taken) for taken in chosen_freely)
+        for key in entry["dropped"]:
+            assert step - born_of[key] >= s
+
+
+@settings(max_examples=50, deadline=None)
+@given(g=st.integers(1, 4), steps=st.integers(2, 8), k=st.integers(1, 3), s=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_a_straggler_does_not_hold_a_step_that_has_enough_ready_groups(g, steps, k, s, seed):
+    """Every batch is scored at once except one straggler that never answers: with batches ahead,
+    a step waits only when a straggler is due (carried max_staleness times already) or too few
+    groups are ready at all; it never trains on a straggler."""
+    rng = random.Random(seed)
+    pool = GroupPool(g, s, "wait")
+    generated, stragglers = 0, set()
+    for step in range(1, steps + 1):
+        while generated < steps + k and generated < step + k:
+            generated += 1
+            keys = [(generated, i) for i in range(g)]
+            pool.add(keys, born=generated)
+            straggler = rng.choice(keys)
+            stragglers.add(straggler)
+            for key in keys:
+                if key != straggler:
+                    pool.scored(key)
+        enough_ready = sum(group.ready for group in pool.groups.values()) >= g
+        choice = pool.select(step)
+        if any(key in pool.groups and step - key[0] >= s for key in stragglers):
+            assert choice.waiting and choice.wait_for in stragglers
+            return
+        if not enough_ready:
+            assert choice.waiting and choice.wait_for is None
+            return
+        assert not choice.waiting and len(choice.take) == g and not set(choice.take) & stragglers
+        assert pool.carried == len([key for key in stragglers if key[0] <= step])
+
+
+def test_due_groups_wait_or_drop():
+    pool = GroupPool(2, max_staleness=0, on_stale="wait")
+    pool.add(["a", "b"], born=1)
+    pool.scored("a")
+    assert pool.select(1).wait_for == "b"  # staleness 0 allowed: b cannot be carried
+    dropping = GroupPool(2, max_staleness=0, on_stale="drop")
+    dropping.add(["a", "b"], born=1)
+    dropping.add(["c", "d"], born=2)
+    for key in "acd":
+        dropping.scored(key)
+    choice = dropping.select(1)
+    assert choice.drop == ("b",) and choice.take == ("a", "c") and dropping.dropped == 1
+    with pytest.raises(ValueError, match="on_stale"):
+        GroupPool(2, 1, "skip")
+
+
+def test_carried_groups_are_counted_once():
+    pool = GroupPool(2, max_staleness=2)
+    pool.add(["a", "b"], born=1)
+    pool.add(["c", "d"], born=2)
+    pool.add(["e", "f"], born=3)
+    for key in "acdef":
+        pool.scored(key)
+    assert pool.select(1).take == ("a", "c") and pool.carried == 1  # b carried
+    assert pool.select(2).take == ("d", "e") and pool.carried == 1  # still b, counted once
+    assert pool.select(3).wait_for == "b"  # 3 - 1 = 2: due now
+
+
+@given(latency=st.floats(0, 100), compute=st.floats(0.01, 50), cap=st.integers(0, 4))
+def test_auto_lookahead_covers_the_latency_within_its_clamp(latency, compute, cap):
+    k = auto_lookahead(latency, compute, max_steps=cap)
+    assert 0 <= k <= cap
+    if k < cap:  # not clamped: k steps of compute cover the latency, k - 1 do not
+        assert k * compute >= latency - 1e-6
+        assert k == 0 or (k - 1) * compute < latency + 1e-6
+    assert auto_lookahead(latency * 2, compute, max_steps=cap) >= k  # monotone in latency
+
+
+def test_auto_lookahead_before_any_measurement():
+    assert auto_lookahead(math.nan, 1.0, max_steps=4) == 1
+    assert auto_lookahead(1.0, 0.0, max_steps=0) == 0

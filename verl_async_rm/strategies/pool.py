@@ -1,0 +1,147 @@
+"""Tail-tolerant steps with bounded staleness: which scored groups a step trains on. Pure (no verl,
+no Ray, no clock of its own), so the rules are tested fast and exhaustively (tests/test_pool.py).
+
+The pool holds the groups of every batch generated so far and not yet trained on. Each group is
+*born* at the step whose batch it belongs to (batch b is generated for step b, with the weights of
+step b - 1 - k under k steps of lookahead) and is *ready* once the agent scored it. At step t:
+
+1. a group whose staleness would pass ``max_staleness`` if carried again (``t - born >=
+   max_staleness``) is *due*: the step trains on it, waiting for its score (``on_stale=wait``), or
+   drops it unscored (``on_stale=drop``, counted) as long as the step can still be filled without
+   it (a step never trains on fewer than ``train_batch_size`` groups: otherwise it waits);
+2. the rest of the step's ``train_batch_size`` groups are the oldest ready ones (birth step, then
+   the order they were generated in: deterministic);
+3. while fewer are ready than the step needs, the step waits for the next group to be scored, any
+   group (the first to finish), and selects again; with nothing left to wait for (dropped groups
+   ate the supply) the caller generates one more batch (``starved``);
+4. a group still waiting is carried into a later step, its staleness growing by one per step.
+
+Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
+between the weights that generated it and the ones it is trained against), the same measure as
+``async_reward/staleness``. Carrying a group c steps adds c.
+
+``off_policy_steps: auto`` (``auto_lookahead``): batches must be generated far enough ahead that
+their rewards arrive before they are needed: k steps of compute C must cover the reward latency L,
+so ``k = ceil(L / C)``, clamped to ``[min_steps, max_steps]``; L is a high quantile (p90) of the
+measured per-group latency, C the measured step compute without reward waits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Optional
+
+ON_STALE = ("wait", "drop")
+
+
+@dataclass
+class PooledGroup:
+    key: Hashable
+    born: int  # the step its batch was generated for
+    order: int  # position among every group ever pooled (generation order): ties broken by it
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One step's choice. ``take``: train on these (ready) groups; ``wait_for``: the step must wait
+    for a score before choosing again (``None``: for any pending group; a key: for that due group);
+    ``drop``: due groups dropped unscored (``on_stale=drop``)."""
+
+    take: tuple = ()
+    wait_for: Optional[object] = None
+    waiting: bool = False
+    drop: tuple = ()
+    starved: bool = False  # too few groups left, none pending (drops ate the supply): generate a batch more
+
+
+@dataclass
+class GroupPool:
+    train_groups: int  # groups per step (data.train_batch_size)
+    max_staleness: int  # carries a group may take beyond its own step
+    on_stale: str = "wait"
+    groups: dict = field(default_factory=dict)
+    _order: int = 0
+    carried: int = 0  # groups that missed their own step (counted once each)
+    dropped: int = 0
+    _carried_keys: set = field(default_factory=set)
+
+    def __post_init__(self):
+        if self.on_stale not in ON_STALE:
+            raise ValueError(f"on_stale must be one of {ON_STALE}, got {self.on_stale!r}")
+        if self.max_staleness < 0 or self.train_groups < 1:
+            raise ValueError("max_staleness must be >= 0 and train_batch_size >= 1")
+
+    # -- book-keeping ---------------------------------------------------------------------------
+    def add(self, keys: Iterable[Hashable], born: int) -> None:
+        for key in keys:
+            if key in self.groups:
+                raise ValueError(f"group {key!r} is already in the pool")
+            self.groups[key] = PooledGroup(key, born, self._order)
+            self._order += 1
+
+    def scored(self, key: Hashable) -> None:
+        self.groups[key].ready = True
+
+    def pending(self) -> list[Hashable]:
+        return [g.key for g in self._by_age() if not g.ready]
+
+    def _by_age(self) -> list[PooledGroup]:
+        return sorted(self.groups.values(), key=lambda g: (g.born, g.order))
+
+    # -- a step ---------------------------------------------------------------------------------
+    def select(self, step: int) -> Selection:
+        """What step ``step`` trains on now, or what it must wait for first. Call again after each
+        wait (``scored``); the groups taken or dropped leave the pool."""
+        by_age = [g for g in self._by_age() if g.born <= step]  # a batch for a later step is not due yet
+        due = [g for g in by_age if step - g.born >= self.max_staleness]
+        late_due = [g for g in due if not g.ready]
+        others = len(self.groups) - len(late_due)  # ready due groups, and every group not due
+        # Dropping is only allowed while the step can still be filled without them; otherwise the
+        # step waits for them as under on_stale=wait (a step never trains on fewer groups).
+        dropping = self.on_stale == "drop" and others >= self.train_groups
+        drop = tuple(g.key for g in late_due) if dropping else ()
+        if not dropping:
+            late = next((g for g in due if not g.ready), None)
+            if late is not None:
+                return Selection(wait_for=late.key, waiting=True)
+        for key in drop:
+            del self.groups[key]
+            self.dropped += 1
+        ready = [g for g in self._by_age() if g.ready]  # any age: a later batch's ready group may fill in
+        due_ready = [g for g in ready if g.born <= step and step - g.born >= self.max_staleness]
+        rest = [g for g in ready if g not in due_ready]
+        chosen = (due_ready + rest)[: self.train_groups]
+        if len(due_ready) > self.train_groups:
+            raise RuntimeError(
+                f"{len(due_ready)} groups are due at step {step} but a step trains on {self.train_groups}: "
+                "generation ran further ahead than max_staleness allows"
+            )
+        if len(chosen) < self.train_groups and self.pending():
+            return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
+        if len(chosen) < self.train_groups:
+            return Selection(starved=True, drop=drop)
+        for g in chosen:
+            del self.groups[g.key]
+        for g in self.groups.values():  # what stays behind from this step's batch (or older) is carried
+            if g.born <= step and g.key not in self._carried_keys:
+                self._carried_keys.add(g.key)
+                self.carried += 1
+        self._carried_keys -= {g.key for g in chosen}
+        return Selection(take=tuple(g.key for g in chosen), drop=drop)
+
+    def snapshot(self) -> dict:
+        """What a checkpoint must record to resume without losing or repeating a group."""
+        return {"groups": [(g.key, g.born, g.order) for g in self._by_age()], "carried": self.carried,
+                "dropped": self.dropped, "order": self._order}
+
+
+def auto_lookahead(reward_latency_s: float, step_compute_s: float, *, min_steps: int = 0, max_steps: int) -> int:
+    """Batches to generate ahead so that rewards arrive before they are trained on:
+    ``ceil(latency / compute)`` clamped to ``[min_steps, max_steps]`` (no measurement yet: 1)."""
+    if max_steps < min_steps:
+        raise ValueError(f"max_steps {max_steps} < min_steps {min_steps}")
+    if step_compute_s <= 0 or reward_latency_s < 0 or math.isnan(reward_latency_s) or math.isnan(step_compute_s):
+        return max(min_steps, min(1, max_steps))
+    return max(min_steps, min(max_steps, math.ceil(reward_latency_s / step_compute_s - 1e-9)))

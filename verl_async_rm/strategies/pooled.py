@@ -1,0 +1,211 @@
+"""The staleness pool in a trainer: generated batches' groups, harvested from the agent as they are
+scored, chosen per step by ``pool.GroupPool`` (the rules live there, pure). Trainer-agnostic: rows
+are whatever the trainer's batches use (v1: TransferQueue keys).
+
+Checkpoints: the groups still in the pool are not saved; their batches are *regenerated* on resume.
+``resume_state`` names the dataloader state from before the oldest batch that still has untrained
+groups, and, per batch from there on, the step it was generated for and the prompt positions
+already trained (or dropped). On resume those batches are drawn and generated again first (the
+same prompts: the loader's state is restored; new responses, by the resumed weights) and the listed
+positions are left out of the pool, so every prompt's samples are trained exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Optional
+
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead
+from verl_async_rm.strategies.rewards import BatchRewards, ScoredRows
+from verl_async_rm.strategies.scheduler import GeneratedBatch
+
+POLL_S = 0.02  # waiting for "any group": each open batch is asked in turn with this timeout
+
+
+@dataclass
+class LiveBatch:
+    generated: GeneratedBatch
+    born: int  # the step it was generated for
+    ordinal: int  # batches drawn since the run (or the resume) started
+    position_of: dict  # group -> the prompt's position in the drawn batch (stable across a regeneration)
+    scored: dict = field(default_factory=dict)  # group -> ScoredRows, harvested, not trained yet
+    latencies_reported: int = 0  # of generated.rewards.latencies, handed to new_latencies() already
+    finished: set = field(default_factory=set)  # prompt positions trained or dropped
+
+
+@dataclass(frozen=True)
+class PooledStep:
+    rows: list  # the step's rows, group by group, oldest group first
+    scored: ScoredRows
+    staleness_of_row: dict  # row -> staleness (trainer step - 1 - generating weights' step)
+    dropped_rows: list
+    metrics: dict
+
+
+class PoolDriver:
+    def __init__(self, rewards: BatchRewards, train_groups: int, max_staleness: int, on_stale: str,
+                 skip: Optional[dict[int, set]] = None):
+        """``skip``: on resume, batch ordinal (0 = the first drawn) -> prompt positions trained before."""
+        self.rewards = rewards
+        self.pool = GroupPool(train_groups, max_staleness, on_stale)
+        self.live: list[LiveBatch] = []
+        self._ordinal = 0
+        self._skip = {int(k): set(v) for k, v in (skip or {}).items()}  # resume: ordinal -> positions trained before
+        self.skipped_rows: list = []
+        self._latencies: list[float] = []  # of retired batches, not reported yet
+
+    # -- batches in ---------------------------------------------------------------------------------
+    def add(self, generated: GeneratedBatch, born: int, position_of: dict) -> None:
+        """A generated batch's groups join the pool (those trained before a resume are left out)."""
+        live = LiveBatch(generated, born, self._ordinal, dict(position_of))
+        skip = self._skip.pop(self._ordinal, set())
+        self._ordinal += 1
+        pending = generated.rewards
+        rows_of_group: dict = {}
+        for r, group in enumerate(pending.group_of):
+            rows_of_group.setdefault(group, []).extend(pending.rows_of[r])
+        keys = []
+        for group, position in live.position_of.items():
+            if group not in rows_of_group:  # verl dropped the prompt (a failed session): nothing to train
+                live.finished.add(position)
+            elif position in skip:
+                live.finished.add(position)
+                self.skipped_rows += rows_of_group.get(group, [])
+            else:
+                keys.append((live.ordinal, group))
+        self.pool.add(keys, born=born)
+        self.live.append(live)
+
+    def _batch(self, ordinal: int) -> LiveBatch:
+        return next(b for b in self.live if b.ordinal == ordinal)
+
+    # -- scores in ----------------------------------------------------------------------------------
+    def _harvest(self, live: LiveBatch, timeout: Optional[float]) -> int:
+        """Groups of ``live`` scored so far (waiting up to ``timeout`` for the first); how many."""
+        got = 0
+        while True:
+            scored = self.rewards.take_group(live.generated.rewards, timeout if got == 0 else 0)
+            if scored is None:
+                return got
+            for group in scored.groups:
+                taken, _ = scored.split({group})
+                key = (live.ordinal, group)
+                if key in self.pool.groups:  # else: skipped on resume; its score is not used
+                    live.scored[group] = taken
+                    self.pool.scored(key)
+            got += 1
+
+    def harvest_ready(self) -> None:
+        for live in self.live:
+            self._harvest(live, 0)
+
+    def _wait(self, key: Optional[Hashable]) -> None:
+        if key is not None:  # a due group: block on its batch until it is in
+            live = self._batch(key[0])
+            while not self.pool.groups[key].ready:
+                if not self._harvest(live, None):
+                    raise RuntimeError(f"group {key} never came back from the agent")
+            return
+        while True:  # any group: ask each batch with pending groups in turn
+            for live in self.live:
+                if any(k[0] == live.ordinal for k in self.pool.pending()) and self._harvest(live, POLL_S):
+                    return
+
+    # -- a step -------------------------------------------------------------------------------------
+    def next_step(self, step: int, generate_more: Callable[[], bool]) -> PooledStep:
+        """The step's groups (waiting only as ``GroupPool.select`` says). ``generate_more()`` adds a
+        batch when drops ate the supply (False: no data left, the step trains on what there is)."""
+        start = time.monotonic()
+        self.harvest_ready()
+        dropped: list = []
+        while True:
+            choice = self.pool.select(step)
+            dropped += list(choice.drop)
+            if choice.starved:
+                if generate_more():
+                    continue
+                take = [key for key, g in self.pool.groups.items() if g.ready]
+                for key in take:
+                    del self.pool.groups[key]
+                break
+            if not choice.waiting:
+                take = list(choice.take)
+                break
+            self._wait(choice.wait_for)
+        waited = time.monotonic() - start
+        scored = ScoredRows.empty(self.rewards.fixed_keys)
+        rows, staleness_of_row, dropped_rows = [], {}, []
+        for ordinal, group in take:
+            live = self._batch(ordinal)
+            piece = live.scored.pop(group)
+            scored.extend(piece)
+            rows += piece.rows
+            stale = step - 1 - live.generated.weights_step
+            staleness_of_row.update({row: stale for row in piece.rows})
+            live.finished.add(live.position_of[group])
+        for ordinal, group in dropped:
+            live = self._batch(ordinal)
+            live.finished.add(live.position_of[group])
+            pending = live.generated.rewards
+            dropped_rows += [row for r, g in enumerate(pending.group_of) if g == group for row in pending.rows_of[r]]
+        self._retire()
+        values = list(staleness_of_row.values()) or [0]
+        metrics = {
+            "async_rm/staleness/mean": float(sum(values) / len(values)),
+            "async_rm/staleness/max": float(max(values)),
+            "async_rm/groups_carried": self.pool.carried,
+            "async_rm/groups_dropped_stale": self.pool.dropped,
+            "async_rm/pool_wait_s": waited,
+            "async_rm/pool_groups": len(self.pool.groups),
+        }
+        return PooledStep(rows, scored, staleness_of_row, dropped_rows, metrics)
+
+    def _retire(self) -> None:
+        """Batches with every group trained or dropped leave; a finished ticket is released."""
+        keep = []
+        for live in self.live:
+            if len(live.finished) == len(live.position_of):
+                self._latencies += live.generated.rewards.latencies[live.latencies_reported:]
+                if live.generated.rewards.remaining:
+                    self.rewards.cancel(live.generated.rewards)
+            else:
+                keep.append(live)
+        self.live = keep
+
+    def new_latencies(self) -> list[float]:
+        """Per-sample reward latencies measured since the last call (off_policy_steps=auto)."""
+        out, self._latencies = self._latencies, []
+        for live in self.live:
+            out += live.generated.rewards.latencies[live.latencies_reported:]
+            live.latencies_reported = len(live.generated.rewards.latencies)
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def resume_state(self, queued_loader_state: Optional[dict]) -> tuple[Optional[dict], list[dict]]:
+        """(the loader state to save, the live batches from there: the step each was generated for
+        and the prompt positions already trained): the oldest live batch's loader state; with none
+        live, the batches queued ahead decide (as before). Live batches are consecutive draws (each
+        generated batch joins the pool at once), so regenerating from the oldest redraws them all."""
+        if not self.live:
+            return queued_loader_state, []
+        return self.live[0].generated.loader_state, [{"born": b.born, "trained": sorted(b.finished)} for b in self.live]
+
+    def abandon(self) -> None:
+        for live in self.live:
+            if live.generated.rewards.remaining:
+                self.rewards.cancel(live.generated.rewards)
+        self.live = []
+
+
+def choose_lookahead(latencies: list[float], compute_s: list[float], max_steps: int) -> int:
+    """``off_policy_steps: auto``: p90 of the measured group latencies over the median step compute
+    (``pool.auto_lookahead``; 1 before anything is measured)."""
+    import numpy as np
+
+    if not latencies or not compute_s:
+        return auto_lookahead(float("nan"), 1.0, max_steps=max_steps)
+    return auto_lookahead(float(np.percentile(latencies, 90)), float(np.median(compute_s)), max_steps=max_steps)
+
+
+__all__ = ["LiveBatch", "PoolDriver", "PooledStep", "choose_lookahead", "Any"]
