@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import looptime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,15 +15,11 @@ from verl_async_rm.engine.group_judge import normalize_group_verdicts
 from verl_async_rm.loader import wrap_reward
 from verl_async_rm.outcome import FailureBudgetExceeded, RewardFunctionError
 
+from tests.harness import virtual
+
 pytestmark = pytest.mark.quick
 
 
-def virtual(scenario):
-    loop = looptime.new_event_loop()
-    try:
-        return loop.run_until_complete(scenario())
-    finally:
-        loop.close()
 
 
 def items(n, group_size):
