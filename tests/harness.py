@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import Callable
 
+import looptime
 import pytest
 
 from verl_async_rm import RewardAgent
@@ -89,3 +90,12 @@ def unformatted_logs():
         for logger, propagate in saved:
             logger.removeHandler(collector)
             logger.propagate = propagate
+
+
+def virtual(scenario):
+    """Run ``scenario()`` (a coroutine function) on a fresh virtual-time loop."""
+    loop = looptime.new_event_loop()
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()

@@ -132,3 +132,15 @@ def test_the_cli_builds_the_judge_and_refuses_a_bad_one(capsys):
         assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "latency_p50 <= latency_p99" in err and "fail_prob" in err and "--parallel-startups" in err
+
+
+def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
+    run = {"step_times": [1.0, 1.2], "phases": {"gen": [0.3, 0.3], "reward_wait": [0.2, 0.0], "update_actor": [0.4, 0.5]},
+           "blocked": [0.2, 0.0], "scores": [0.1, 0.2], "judge_calls": [[0.3, 0.9], [0.35, 1.6]],
+           "wall": {"startup_s": 50.0}}
+    old_run = {k: v for k, v in run.items() if k not in ("judge_calls", "wall")}  # a report from before both
+    (tmp_path / "demo.json").write_text(json.dumps({"runs": {"baseline": run, "both": old_run}}))
+    assert demo.main(["--redraw", str(tmp_path / "demo.json")]) == 0
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    results = demo.results_from_report(json.loads((tmp_path / "demo.json").read_text()))
+    assert results["baseline"].judge_calls == [(0.3, 0.9), (0.35, 1.6)] and results["both"].judge_calls == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import math
 
-import looptime
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,16 +14,11 @@ from hypothesis import strategies as st
 from verl_async_rm.agent import AsyncRewardAgent
 from verl_async_rm.outcome import FailureBudgetExceeded, RewardError, TicketCancelled
 
+from tests.harness import virtual
+
 pytestmark = pytest.mark.quick
 
 
-def virtual(scenario):
-    """Run ``scenario()`` (a coroutine function) on a fresh virtual-time loop."""
-    loop = looptime.new_event_loop()
-    try:
-        return loop.run_until_complete(scenario())
-    finally:
-        loop.close()
 
 
 def now() -> float:

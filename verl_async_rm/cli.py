@@ -26,6 +26,7 @@ def _pairs(values: list[str], what: str) -> dict:
 
 
 EXIT_SCORING_STOPPED = 3  # (2: bad arguments or input)
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
 def _print_summary(summary: dict) -> None:
@@ -45,7 +46,26 @@ def _gsm8k_reward() -> str:
     return module.__file__
 
 
+def _verdict_log_path(args) -> Path | None:
+    if args.no_verdict_log:
+        if args.resume:
+            raise ValueError("--resume needs the verdict log (drop --no-verdict-log)")
+        return None
+    if args.verdict_log:
+        path = Path(args.verdict_log)
+    elif args.output:
+        path = Path(f"{args.output}.verdicts.jsonl")
+    else:
+        if args.resume:
+            raise ValueError("--resume needs --verdict-log or --output (the log defaults to <output>.verdicts.jsonl)")
+        return None
+    if args.resume and not path.exists():
+        raise ValueError(f"--resume: no verdict log at {path} to resume from")
+    return path
+
+
 def cmd_score(args) -> int:
+    verdict_log = _verdict_log_path(args)
     summary = score_file(
         Path(args.input),
         args.reward_file,
@@ -55,14 +75,32 @@ def cmd_score(args) -> int:
         reward_kwargs=_pairs(args.kwarg, "kwarg"),
         output_path=Path(args.output) if args.output else None,
         response_key=args.response_key,
+        verdict_log=verdict_log,
+        resume=args.resume,
     )
     print("summary:")
     _print_summary(summary)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+    if summary.get("interrupted"):
+        print(f"error: {summary['error']}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if "error" in summary:
         print(f"error: scoring stopped: {summary['error']}", file=sys.stderr)
         return EXIT_SCORING_STOPPED
+    return 0
+
+
+def cmd_log(args) -> int:
+    from verl_async_rm.verdict_log import read_log
+    from verl_async_rm.verdict_report import render, summarize
+
+    result = read_log(args.path)
+    summary = summarize(result.records, slowest=args.slowest)
+    if args.json:
+        print(json.dumps({**summary, "torn_tail": result.torn_tail}, indent=2, default=str))
+    else:
+        print(render(summary, args.path, result.torn_tail))
     return 0
 
 
@@ -104,7 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE", help="reward kwarg, repeatable")
     score.add_argument("--output", help="write each row with its score here (JSONL)")
     score.add_argument("--summary-json", help="write the summary here")
+    score.add_argument("--verdict-log", help="append every settled sample here (default: <output>.verdicts.jsonl)")
+    score.add_argument("--no-verdict-log", action="store_true", help="keep no verdict log")
+    score.add_argument("--resume", action="store_true",
+                       help="answer samples already scored in the verdict log from it (complete an interrupted run)")
     score.set_defaults(func=cmd_score)
+
+    log = sub.add_parser("log", help="read a verdict log: per-step summaries, failure kinds, slowest requests, cost")
+    log.add_argument("path")
+    log.add_argument("--slowest", type=int, default=5, help="how many of the slowest requests to show")
+    log.add_argument("--json", action="store_true", help="print the summary as JSON")
+    log.set_defaults(func=cmd_log)
 
     train_demo = sub.add_parser(
         "demo", help="the training demo: verl's trainer on CPU with a slow reward, with and without the strategies",

@@ -10,6 +10,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from verl_async_rm.policy import PolicyName
 
 
+class SharedLimitsConfig(BaseModel):
+    """Share this job's endpoint limits (``max_concurrency``, ``requests_per_minute``,
+    ``tokens_per_minute``) and its 429 back-off with every job on the Ray cluster that names the same
+    ``endpoint``: a detached named actor ``async_rm_limiter:<endpoint>`` leases them out
+    (see ``verl_async_rm/lease_table.py`` for the design). Needs Ray (``ray.init`` on the cluster)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(..., min_length=1, description="the shared endpoint's name: jobs naming it share its limits")
+    namespace: str = Field("verl_async_rm", min_length=1, description="Ray namespace of the limiter actor")
+    lease_ttl: float = Field(10.0, gt=0, description="a job silent this long (crashed) loses its lease")
+    heartbeat_s: float = Field(0.2, gt=0, description="seconds between a job's lease renewals")
+    permit_ttl: float = Field(2.0, gt=0, description="seconds a batch of rate permits stays usable")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SharedLimitsConfig:
+        if self.heartbeat_s * 4 > self.lease_ttl:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be at most lease_ttl/4 ({self.lease_ttl / 4:g}): "
+                             "a job stops sending when it has not renewed its lease for lease_ttl/2")
+        return self
+
+
 class AgentConfig(BaseModel):
     """Every field has a default; unknown keys are errors (a typo must not be silently ignored)."""
 
@@ -56,6 +78,22 @@ class AgentConfig(BaseModel):
     )
     cache: bool = Field(False, description="score identical requests once per run (judges are stochastic: off by default)")
     cache_size: int = Field(100_000, ge=1)
+    shared_limits: SharedLimitsConfig | None = Field(
+        None, description="share the limits above with other jobs on the Ray cluster naming the same endpoint"
+    )
+    # Judge operations (cost.py, verdict_log.py).
+    price_input_per_million: float | None = Field(None, ge=0, description="money per 1M input tokens (cost figures, money_budget)")
+    price_output_per_million: float | None = Field(None, ge=0, description="money per 1M output tokens")
+    token_budget: int | None = Field(
+        None, gt=0, description="input + output tokens; scoring stops (BudgetExceeded) before a request could cross it"
+    )
+    money_budget: float | None = Field(None, gt=0, description="the same, in money, with the prices above")
+    reserve_output_tokens: int = Field(
+        1024, ge=0, description="output tokens reserved per request in flight against a budget (the judge's max_tokens)"
+    )
+    verdict_log: str | None = Field(None, description="append every settled sample here (JSON lines); resume cache")
+    verdict_log_resume: bool = Field(True, description="answer requests already scored in verdict_log from it, not the judge")
+    verdict_log_fsync_s: float = Field(1.0, ge=0, description="fsync the verdict log at most this often (and on close)")
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
@@ -67,7 +105,16 @@ class AgentConfig(BaseModel):
                 )
         if self.backoff_max < self.backoff_initial:
             raise ValueError(f"backoff_max ({self.backoff_max}) < backoff_initial ({self.backoff_initial})")
+        if self.money_budget is not None and not (self.price_input_per_million or self.price_output_per_million):
+            raise ValueError("money_budget needs price_input_per_million and/or price_output_per_million (per 1M tokens): "
+                             "without prices nothing costs money and the budget would never hold")
+        if self.verdict_log is not None:
+            _check_log_path(self.verdict_log)
         return self
+
+    @property
+    def budgeted(self) -> bool:
+        return self.token_budget is not None or self.money_budget is not None
 
     @property
     def sync_workers(self) -> int:
@@ -84,3 +131,18 @@ class AgentConfig(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"invalid async reward agent config: {problems}") from None
+
+
+def _check_log_path(path: str) -> None:
+    """A verdict log must be a writable file in an existing folder: found now, not after an hour of judging."""
+    if not path.strip():
+        raise ValueError("verdict_log is an empty path (null turns the log off)")
+    if os.path.isdir(path):
+        raise ValueError(f"verdict_log {path!r} is a directory; name a file, e.g. {os.path.join(path, 'verdicts.jsonl')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"verdict_log {path!r}: the folder {folder!r} does not exist")
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        raise ValueError(f"verdict_log {path!r} exists but cannot be read and written")
+    if not os.path.exists(path) and not os.access(folder, os.W_OK):
+        raise ValueError(f"verdict_log {path!r}: the folder {folder!r} is not writable")

@@ -208,9 +208,8 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), flight_color]]
     labels = ["generation (baseline: incl. in-loop rewards)", "waiting on rewards", "actor updates", "other compute",
               f"judge calls in flight (band height = {peak})"]
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.6 / max(1, len(results)) - 0.25), ncol=3,
-              fontsize=8, frameon=False)
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1 + 0.2 / len(results), 1, 1))  # room below the axis for the legend
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -363,6 +362,20 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
     }
 
 
+def results_from_report(report: dict) -> dict[str, ModeResult]:
+    """The runs of a demo.json, as drawn (older reports, without judge calls or wall times, too)."""
+    return {mode: ModeResult(mode, run_["step_times"], run_["phases"], run_["blocked"], run_["scores"],
+                             [tuple(call) for call in run_.get("judge_calls", [])], run_.get("wall", {}))
+            for mode, run_ in report["runs"].items()}
+
+
+def redraw(report_path: Path) -> Path:
+    """Draw ``timeline.png`` next to a demo.json from the JSON alone (no training)."""
+    picture = report_path.parent / "timeline.png"
+    draw_timeline(results_from_report(json.loads(report_path.read_text())), picture)
+    return picture
+
+
 def judge_from_args(args: argparse.Namespace) -> dict:
     if args.latency_model == "uniform":
         judge = {"latency_model": "uniform", "latency_lo": args.latency_lo, "latency_hi": args.latency_hi}
@@ -402,9 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output folder (default: a new temp folder)")
     parser.add_argument("--json", help="also write the results JSON here")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.add_argument("--redraw", metavar="DEMO_JSON",
+                        help="train nothing: draw timeline.png next to this demo.json from its data")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # fail now, not after minutes of training
         parser.error("the demo draws its timeline with matplotlib: pip install 'verl-async-rm[demo]'")
+    if args.redraw:
+        print(f"timeline: {redraw(Path(args.redraw))}")
+        return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = set(modes) - set(MODES)
     if unknown or not {"baseline", "zero_latency"} <= set(modes):

@@ -67,6 +67,7 @@ __all__ = [
     "THROTTLE_OUTCOMES",
     "default_judge",
     "extract_last_number",
+    "group_prompt",
     "max_requests_in_window",
 ]
 
@@ -110,13 +111,37 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+# A group judge's prompt (one call for a whole group): a reference and numbered candidates.
+_CANDIDATE = re.compile(r'<candidate id="(\d+)">(.*?)</candidate>', re.DOTALL)
+
+
+def group_prompt(messages: list[dict]) -> tuple[str, list[str]] | None:
+    """(reference, candidates in id order) of a group judge's prompt, or None if it is not one. A
+    fixture's parser: a candidate that itself contains ``</candidate>`` is cut there."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    text = _text_of(users[-1].get("content")) if users else ""
+    candidates = _CANDIDATE.findall(text)
+    if not candidates:
+        return None
+    rest = _CANDIDATE.sub("", text)
+    ref = _REFERENCE.search(rest)
+    ordered = [body for _, body in sorted(candidates, key=lambda c: int(c[0]))]
+    return (ref.group(1) if ref else ""), ordered
+
+
 def default_judge(messages: list[dict]) -> str:
     """"1" if the last number in ``<response>`` equals the number in ``<reference>``, else "0".
+    A group prompt (``<candidate id="i">`` blocks, see ``group_prompt``) gets one such verdict per
+    candidate, in id order, space-separated ("1 0 1 1"): the ranking mode of the same endpoint.
 
     The reference is searched *outside* the response span, so a policy response that itself
     contains ``<reference>..</reference>`` cannot overwrite the real reference, whatever order
     the prompt template puts the two blocks in.
     """
+    group = group_prompt(messages)
+    if group is not None:
+        want = extract_last_number(group[0])
+        return " ".join("1" if want is not None and extract_last_number(c) == want else "0" for c in group[1])
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     if not users:
         return "0"
@@ -180,6 +205,9 @@ class JudgeServerConfig:
     error_body_bytes: int = 0
     seed: int | None = 0  # None = nondeterministic
     judge: Callable[[list[dict]], str] = default_judge
+    # Token usage reported per completion: usage(messages, reply) -> (prompt_tokens, completion_tokens);
+    # None = words in the messages and the reply. The sums of what 200 answers reported are in stats().
+    usage: Callable[[list[dict], str], tuple[int, int]] | None = None
     max_timestamps: int = 1_000_000  # arrival timestamps kept for sliding-window stats (bounded memory)
     max_records: int = 200_000  # per-request records (arrival, outcome, finish) kept, most recent
     shutdown_timeout_s: float = 1.0  # grace for in-flight non-hung handlers on close()
@@ -348,6 +376,8 @@ class JudgeStats:
     elapsed_s: float = 0.0  # since start / last reset
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)  # arrival order; last max_records only
     storms: tuple[tuple[float, float, float], ...] = ()  # (start, end, retry_after), monotonic seconds
+    prompt_tokens_served: int = 0  # usage reported by the 200 answers (a completion that was scored)
+    completion_tokens_served: int = 0
 
     def max_requests_in_window(self, window_s: float) -> int:
         return max_requests_in_window(self.arrivals, window_s)
@@ -451,6 +481,7 @@ class _Counters:
             self.arrivals: deque[float] = deque(maxlen=self._max)
             # [arrived, outcome, finished] per request, mutated in place until it finishes
             self.records: deque[list] = deque(maxlen=self._max_records)
+            self.prompt_tokens = self.completion_tokens = 0
             self.t0 = time.monotonic()
 
     def snapshot(self) -> JudgeStats:
@@ -464,6 +495,8 @@ class _Counters:
                 elapsed_s=time.monotonic() - self.t0,
                 records=tuple(RequestRecord(*r) for r in self.records),
                 storms=tuple(self.storms),
+                prompt_tokens_served=self.prompt_tokens,
+                completion_tokens_served=self.completion_tokens,
             )
 
 
@@ -745,9 +778,12 @@ class JudgeServer:
         return outcome, delay, payload
 
     def _completion(self, body: dict, content: str) -> dict:
-        prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
         n = body.get("n") if isinstance(body.get("n"), int) and body.get("n", 1) > 0 else 1
-        completion_tokens = max(1, len(content.split())) * n
+        if self.config.usage is not None:
+            prompt_tokens, completion_tokens = self.config.usage(body["messages"], content)
+        else:
+            prompt_tokens = sum(len(_text_of(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
+            completion_tokens = max(1, len(content.split())) * n
         return {
             "id": f"chatcmpl-judge-{next(self._ids)}",
             "object": "chat.completion",
@@ -817,7 +853,11 @@ class JudgeServer:
                     del good["choices"]
                     return web.json_response(good)
                 return web.json_response(self._completion(body, "I cannot decide; it looks plausible."))
-            return web.json_response(self._completion(body, payload))  # ok, or a hang that outlived its client
+            completion = self._completion(body, payload)  # ok, or a hang that outlived its client
+            with c.lock:
+                c.prompt_tokens += completion["usage"]["prompt_tokens"]
+                c.completion_tokens += completion["usage"]["completion_tokens"]
+            return web.json_response(completion)
         finally:
             with c.lock:
                 c.in_flight -= 1

@@ -5,7 +5,11 @@ Rules, in the recipe's spirit:
   is called per response with the configured keyword arguments;
 - a *class* is instantiated once per agent with the configured keyword arguments (its shared
   state: client, tokens, model name); its ``compute_score`` is called per response and its
-  optional ``post_process_scores(scores) -> scores`` once per completed group.
+  optional ``post_process_scores(scores) -> scores`` once per completed group;
+- a *group judge* class defines ``compute_group_score(group)`` instead of ``compute_score``: one call
+  per complete GRPO group (``group`` is the members' ``RewardItem`` list, in index order), returning
+  one score per member (see ``engine/group_judge.py``). A class defining both is refused: which one
+  a run uses must not depend on a precedence rule the user may not know (one class per mode).
 Either may be ``async def``; that is detected here, once.
 """
 
@@ -60,6 +64,11 @@ class UserReward:
     hook_is_async: bool = False
     spec: RewardSpec | None = None
     instance: Any = None  # a class reward's instance; its close()/aclose() runs when the agent closes
+    group_fn: Callable[[list], Any] | None = None  # a group judge's compute_group_score (then score_fn is None)
+
+    @property
+    def is_group_judge(self) -> bool:
+        return self.group_fn is not None
 
 
 def _is_async(fn: Callable) -> bool:
@@ -136,14 +145,15 @@ def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None
     kwargs = dict(kwargs or {})
     label = spec.label if spec is not None else getattr(obj, "__qualname__", None) or type(obj).__qualname__
     if inspect.isclass(obj):
-        if not callable(getattr(obj, "compute_score", None)):
-            raise RewardFunctionError(f"class {label} has no compute_score method")
+        _check_scoring_methods(obj, label)
         try:
             instance = obj(**kwargs)
         except TypeError as exc:
             raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(kwargs)}: {exc}") from None
         return _from_instance(instance, label, spec)
-    if not inspect.isroutine(obj) and callable(getattr(obj, "compute_score", None)):
+    if not inspect.isroutine(obj) and (callable(getattr(obj, "compute_score", None))
+                                       or callable(getattr(obj, GROUP_METHOD, None))):
+        _check_scoring_methods(obj, label)
         if kwargs:
             raise RewardFunctionError(f"{label} is an instance: configure it before passing it, not with kwargs")
         return _from_instance(obj, label, spec)
@@ -153,12 +163,50 @@ def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None
     return UserReward(label, obj, _is_async(obj), kwargs, spec=spec)
 
 
+GROUP_METHOD = "compute_group_score"
+
+
+def _check_scoring_methods(obj: Any, label: str) -> None:
+    """Exactly one of ``compute_score`` (per sample) and ``compute_group_score`` (per group)."""
+    per_sample = callable(getattr(obj, "compute_score", None))
+    per_group = callable(getattr(obj, GROUP_METHOD, None))
+    if per_sample and per_group:
+        raise RewardFunctionError(
+            f"{label} defines both compute_score and {GROUP_METHOD}: define one (a per-sample reward, or a "
+            "group judge called once per complete group); there is no precedence rule between them"
+        )
+    if not per_sample and not per_group:
+        raise RewardFunctionError(f"class {label} has no compute_score method (nor {GROUP_METHOD})")
+    if per_group:
+        _check_group_signature(getattr(obj, GROUP_METHOD), f"{label}.{GROUP_METHOD}")
+
+
+def _check_group_signature(fn: Callable, label: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if params and params[0].name == "self":  # checked on the class: the unbound method
+        params = params[1:]
+    try:
+        inspect.Signature(params).bind([])
+    except TypeError as exc:
+        raise RewardFunctionError(f"{label} cannot be called as {GROUP_METHOD}(group): {exc}") from None
+
+
 def _from_instance(instance: Any, label: str, spec: RewardSpec | None) -> UserReward:
-    score_fn = instance.compute_score
-    _check_signature(score_fn, f"{label}.compute_score", {})
     hook = getattr(instance, "post_process_scores", None)
     if hook is not None and not callable(hook):
         raise RewardFunctionError(f"{label}.post_process_scores is not callable")
+    group_fn = getattr(instance, GROUP_METHOD, None)
+    if callable(group_fn):
+        return UserReward(
+            label=label, score_fn=None, score_is_async=_is_async(group_fn), call_kwargs={}, group_hook=hook,
+            hook_is_async=hook is not None and _is_async(hook), spec=spec, instance=instance, group_fn=group_fn,
+        )
+    score_fn = instance.compute_score
+    _check_signature(score_fn, f"{label}.compute_score", {})
     return UserReward(
         label=label,
         score_fn=score_fn,
@@ -203,8 +251,7 @@ def check_spec(spec: RewardSpec, *, construct: bool = False) -> None:
     target = _find(spec)
     label = spec.label
     if inspect.isclass(target):
-        if not callable(getattr(target, "compute_score", None)):
-            raise RewardFunctionError(f"class {label} has no compute_score method")
+        _check_scoring_methods(target, label)
         _check_constructor(target, label, spec.kwargs)
         if construct:
             try:
@@ -213,7 +260,8 @@ def check_spec(spec: RewardSpec, *, construct: bool = False) -> None:
                 raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(spec.kwargs)}: "
                                           f"{type(exc).__name__}: {exc}") from exc
             try:
-                _check_signature(instance.compute_score, f"{label}.compute_score", {})
+                if callable(getattr(instance, "compute_score", None)):
+                    _check_signature(instance.compute_score, f"{label}.compute_score", {})
             finally:
                 _close(instance)
     elif not callable(target):

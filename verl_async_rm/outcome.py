@@ -5,6 +5,7 @@ Errors (all raised by ``get``/``take`` or the per-sample call, never swallowed):
 - ``RewardError``: a reward could not be computed and the failure policy is ``raise``;
   ``FailureBudgetExceeded`` (a ``RewardError``): failures are systematic (service down, bad key,
   broken reward), past ``max_failure_rate`` of a ticket or of the agent's recent samples;
+- ``BudgetExceeded`` (a ``RewardError``): the judge budget is spent; scoring stopped before crossing it;
 - ``TicketCancelled``: the ticket was cancelled;
 - ``AgentClosed``: the agent was closed while the caller waited;
 - ``RewardFunctionError``: the reward or its return value is unusable (raised at load time, or
@@ -92,6 +93,12 @@ class RewardError(RuntimeError):
 class FailureBudgetExceeded(RewardError):
     """Failures are systematic: more than ``max_failure_rate`` of a ticket's samples, or of the agent's
     recent samples. The message gives the failure kinds and the first messages."""
+
+
+class BudgetExceeded(RewardError):
+    """The judge budget (``token_budget``, ``money_budget``) is spent: the next request could cross
+    it, so scoring stopped before it did. Every ticket fails with it; samples refused are logged as
+    ``budget`` failures, never scored by the failure policy."""
 
 
 class TicketCancelled(RuntimeError):

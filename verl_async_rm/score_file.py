@@ -48,16 +48,26 @@ def score_file(
     output_path: Path | None = None,
     response_key: str = "solution_str",
     progress: bool = True,
+    verdict_log: Path | None = None,
+    resume: bool = False,
 ) -> dict:
     """Score every row; returns the summary. If scoring stops (``RewardError``: the failure budget,
-    the ``raise`` policy), the summary says why under ``error``, and the output still holds every
-    score computed until then (the others are null)."""
+    the ``raise`` policy, the judge budget) or is interrupted (Ctrl-C: ``interrupted`` in the
+    summary), the summary says why under ``error``, and the output still holds every score computed
+    until then (the others are null). ``verdict_log``: every settled sample is appended there as it
+    settles (a kill loses nothing settled); ``resume``: samples already scored in it are answered
+    from it, not sent again, so a rerun completes an interrupted one."""
     rows, items = read_items(Path(input_path), response_key)
+    config = dict(config or {})
+    if verdict_log is not None:
+        config["verdict_log"] = str(verdict_log)
+        config["verdict_log_resume"] = resume
     scores: list[float | None] = [None] * len(items)
     extras: list[dict] = [{} for _ in items]
     groups = max(1, len(items) // group_size)
     chunk_size = group_size * max(1, groups // 200)  # ~200 progress updates whatever the size
     error: RewardError | None = None
+    interrupted = False
     start = time.perf_counter()
     with RewardAgent.from_file(reward_path, reward_name, config, reward_kwargs=reward_kwargs) as agent:
         ticket = agent.submit(items, group_size)
@@ -70,6 +80,8 @@ def score_file(
                     bar.update(len(chunk))
             except RewardError as exc:
                 error = exc
+            except KeyboardInterrupt:  # keep every score computed; closing the agent flushes the log
+                interrupted = True
         metrics = agent.metrics()
     wall = time.perf_counter() - start
     if output_path is not None:
@@ -94,7 +106,18 @@ def score_file(
         "latency_max_s": metrics["latency_max"],
         "wall_time_s": wall,
         "samples_per_s": len(items) / wall if wall > 0 else float("inf"),
+        "input_tokens": metrics["input_tokens"],
+        "output_tokens": metrics["output_tokens"],
+        "cost": metrics["cost"],
+        "estimated_cost": metrics["estimated_cost"],
     }
+    if verdict_log is not None:
+        summary["resumed"] = metrics["resumed"]
+        summary["verdict_log"] = str(verdict_log)
     if error is not None:
         summary["error"] = f"{type(error).__name__}: {error}"
+    if interrupted:
+        summary["interrupted"] = True
+        summary["error"] = (f"interrupted: {summary['scored']} of {len(items)} scores kept"
+                            + (f"; rerun with --resume to complete (verdict log {verdict_log})" if verdict_log else ""))
     return summary

@@ -18,6 +18,10 @@ Lives on one event loop and is only touched from it (the facades in ``agent.py``
   request on the hot path (the zero-latency figures in bench/agent_throughput.py) for structure
   the pipeline's single exit (``_attempt_ended``) already gives. Virtual-time tests use an
   asyncio loop with a virtual clock (looptime) instead of trio's MockClock.
+- **Judge operations.** Each outcome settled here is appended to the verdict log, and samples the
+  log already holds are answered from it instead of sent (``engine/verdicts.py``); the pipeline
+  asks ``engine/spend.py`` before each send, and a spent budget stops everything through
+  ``_budget_spent`` (refused samples are ``budget`` failures, never scored).
 - **Loud failure.** A ticket fails with ``FailureBudgetExceeded`` past ``max_failure_rate``; the
   whole agent (every ticket, every waiting stream member) past the same rate over its recent
   samples, ``max_hung_calls`` or ``max_throttled_s``.
@@ -41,14 +45,19 @@ from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.budget import RecentFailures, TicketBudget
 from verl_async_rm.engine.executors import executor_for
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
+from verl_async_rm.engine.group_judge import (
+    GroupCall, GroupCallOwner, check_group_judge_config, group_executor, group_tokens, member_outcomes,
+)
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
+from verl_async_rm.engine.spend import Spending
+from verl_async_rm.engine.verdicts import VerdictBook
 from verl_async_rm.limits import approx_tokens, strict_bucket
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.normalize import normalize_group_scores
 from verl_async_rm.outcome import (
-    AgentClosed, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
+    AgentClosed, BudgetExceeded, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
 )
 from verl_async_rm.policy import failure_policy, resolve_group
 from verl_async_rm.retry import RetryPolicy
@@ -126,9 +135,19 @@ class ScoringEngine:
             cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
             enabled=config.adaptive_concurrency,
         ))
+        token_estimator = token_estimator or approx_tokens
+        if reward.is_group_judge:  # one request per group (engine/group_judge.py)
+            check_group_judge_config(reward, config.executor, config.cache)
+            calls, token_estimator = group_executor(reward, config.sync_workers, loop), group_tokens(token_estimator)
+        else:
+            calls = executor_for(reward, config.executor, config.sync_workers, loop)
+        # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py).
+        self.spend = Spending(config, token_estimator)
+        self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
+        self.budget_error: BudgetExceeded | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
-            calls=executor_for(reward, config.executor, config.sync_workers, loop),
+            calls=calls,
             max_concurrency=config.max_concurrency,
             request_timeout=config.request_timeout,
             retry=RetryPolicy(config.max_attempts, config.backoff_initial, config.backoff_max),
@@ -140,9 +159,17 @@ class ScoringEngine:
             max_throttled_s=config.max_throttled_s,
             rpm=strict_bucket(config.requests_per_minute) if config.requests_per_minute else None,
             tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
-            token_estimator=token_estimator or approx_tokens,
+            token_estimator=token_estimator,
             cache=ResultCache(config.cache_size) if config.cache else None,
+            spend=self.spend,
+            on_budget_spent=self._budget_spent,
+            answer_early=functools.partial(self.verdicts.answer_from_log, settle=self._settle) if self.verdicts else None,
         )
+        self.shared = None
+        if config.shared_limits is not None:  # Ray is imported only then (shared_limits.py)
+            from verl_async_rm.shared_limits import SharedLimitsClient
+
+            self.shared = SharedLimitsClient(self.pipeline, self.flow, config, loop)
         self.tickets: dict[str, TicketRun] = {}
         self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
         self.stream = StreamGroups()
@@ -172,6 +199,7 @@ class ScoringEngine:
         """More samples of an open ticket; they start scoring at once. Bad input raises here and
         adds nothing."""
         run = self._open_run(ticket)
+        self._check_budget()
         run.ledger.add([(item.index, item.uid) for item in items])
         run.budget.total += len(items)
         self._enqueue(run, items)
@@ -182,6 +210,8 @@ class ScoringEngine:
         run = self._open_run(ticket)
         for group in run.ledger.close():
             self._on_group_settled(run, group)
+        if self.reward.is_group_judge:  # groups closed short of their size are judged with what they have
+            self._judge_closed_groups(run, list(run.samples.values()))
         self._serve(run)
 
     def _open_run(self, ticket: str) -> TicketRun:
@@ -195,6 +225,7 @@ class ScoringEngine:
     def _new_ticket(self, ledger: TicketLedger, samples: int) -> TicketRun:
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
+        self._check_budget()
         ticket = f"{self.id}-{next(self._ticket_numbers)}"
         now = self.loop.time()
         run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(samples, self.config.max_failure_rate))
@@ -210,7 +241,22 @@ class ScoringEngine:
             sample = run.samples[item.index] = Sample(item, run)
             samples.append(sample)
         self.metrics.submitted += len(samples)
-        self.pipeline.enqueue(samples)
+        if self.reward.is_group_judge:
+            self._judge_closed_groups(run, samples)
+        else:
+            self.pipeline.enqueue(samples)
+
+    def _judge_closed_groups(self, run: TicketRun, samples: list[Sample]) -> None:
+        """A group judge's call per group of ``samples`` whose membership is final, once."""
+        calls = []
+        for sample in samples:
+            group = run.ledger.group_of(sample.item.index)
+            first = run.samples[group.members[0]]
+            if group.closed and first.group_call is None and not sample.settled:
+                owner = GroupCallOwner(self.reward.label, group.key, len(group.members), run.ticket)
+                calls.append(GroupCall([run.samples[i] for i in group.members], owner))
+        if calls:
+            self.pipeline.enqueue(calls)
 
     def _run_of(self, ticket: str) -> TicketRun | None:
         run = self.tickets.get(ticket)
@@ -406,6 +452,7 @@ class ScoringEngine:
         that gets no new member for ``group_wait`` seconds is resolved with the members it has."""
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
+        self._check_budget()
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         now = self.loop.time()
@@ -429,7 +476,16 @@ class ScoringEngine:
         self.metrics.submitted += 1
         if self.config.ticket_deadline is not None:
             member.deadline = self.loop.call_at(now + self.config.ticket_deadline, self._expire_member, member)
-        self.pipeline.enqueue([sample])
+        if not self.reward.is_group_judge:
+            self.pipeline.enqueue([sample])
+        elif group.closed:
+            self._judge_stream_group(group)
+
+    def _judge_stream_group(self, group: Group) -> None:
+        samples = [m.sample for m in self.stream_members.get(group, []) if m.sample is not None]
+        if samples and samples[0].group_call is None and not all(s.settled for s in samples):
+            owner = GroupCallOwner(self.reward.label, group.key, len(samples), None)
+            self.pipeline.enqueue([GroupCall(samples, owner)])
 
     async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None):
         """``join_group`` for a caller on this loop: awaits the answer."""
@@ -446,6 +502,8 @@ class ScoringEngine:
         self.stream_waits.pop(group, None)
         if self.stream.close(group):
             self._resolve_stream_group(group)
+        elif self.reward.is_group_judge:
+            self._judge_stream_group(group)
 
     def _expire_member(self, member: StreamMember) -> None:
         member.deadline = None
@@ -481,6 +539,10 @@ class ScoringEngine:
             return
         sample.settled = True
         sample.state = DONE
+        if sample.__class__ is GroupCall:  # a group judge's answer: each member settles on its own
+            for member, member_outcome in member_outcomes(sample, outcome):
+                self._settle(member, member_outcome)
+            return
         owner = sample.owner
         now = self.loop.time()
         failed = isinstance(outcome, Failed)
@@ -489,6 +551,8 @@ class ScoringEngine:
             self.metrics.failures_by_kind[outcome.kind] += 1
         else:
             self.metrics.completed += 1
+        if self.verdicts is not None and self._log_verdict(sample, outcome, now):
+            return
         if isinstance(owner, TicketRun):
             if owner.error is not None:
                 return
@@ -600,6 +664,47 @@ class ScoringEngine:
                                           [settled_at.pop(i, None) for i in result.indices], now - run.submitted_at, now))
         self._serve(run)
 
+    # -- judge operations: the verdict log and the budget ------------------------------------------------
+    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float) -> bool:
+        """Append a settled sample to the verdict log; True if the log cannot be written (then
+        everything fails loudly: a run that believes it is resumable must be)."""
+        owner = sample.owner
+        if isinstance(owner, TicketRun):
+            latency, ticket, uid = now - owner.submitted_at, owner.ticket, sample.item.uid
+        else:
+            latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
+        self.verdicts.record(sample, outcome, latency, ticket, uid, now)
+        problem = self.verdicts.failed_writes()
+        if problem is not None:
+            self._systemic_failure(problem)
+            return True
+        return False
+
+    def _check_budget(self) -> None:
+        if self.budget_error is not None:
+            raise BudgetExceeded(str(self.budget_error))
+
+    def _budget_spent(self, sample: Sample) -> None:
+        """The next request could cross the budget and nothing in flight can free room: stop. Every
+        unsettled sample (queued or waiting to retry: nothing is in flight) is refused as a ``budget``
+        failure (counted, logged) and every ticket and stream member fails with ``BudgetExceeded``,
+        so no refused sample is ever scored by the failure policy."""
+        message = self.spend.stop_message(sample)
+        self.budget_error = BudgetExceeded(message)
+        refused = [s for run in self.tickets.values() if run.error is None for s in run.samples.values() if not s.settled]
+        refused += [m.sample for members in self.stream_members.values() for m in members
+                    if m.sample is not None and not m.sample.settled]
+        now = self.loop.time()
+        for unsettled in refused:
+            unsettled.settled = True
+            self.pipeline.abandon(unsettled)
+            self.metrics.failed += 1
+            self.metrics.failures_by_kind["budget"] += 1
+            if self.verdicts is not None:
+                self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
+        _log.error("reward agent: %s; %d samples refused", message, len(refused))
+        self._fail_all(BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')"))
+
     # -- failing everything ---------------------------------------------------------------------------
     def _systemic_failure(self, message: str, budget: bool = False) -> None:
         """Failures are systematic: every open ticket and every waiting stream member gets the error."""
@@ -636,6 +741,10 @@ class ScoringEngine:
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
             **self.flow.snapshot(now),
+            **self.spend.ledger.snapshot(),
+            resumed=self.verdicts.resumed if self.verdicts is not None else 0,
+            verdicts_logged=self.verdicts.writer.written if self.verdicts is not None else 0,
+            **(self.shared.snapshot() if self.shared is not None else {}),
         )
 
     async def aclose(self, timeout: float = 10.0) -> int:
@@ -646,7 +755,11 @@ class ScoringEngine:
         self.closed = AgentClosed("the reward agent was closed")
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
+        if self.shared is not None:
+            await self.shared.aclose()
         await self._close_reward()
+        if self.verdicts is not None:  # written and fsynced before close returns (a thread: off the loop)
+            await self.loop.run_in_executor(None, self.verdicts.close)
         if self._hook_threads is not None:
             self._hook_threads.shutdown(wait=False, cancel_futures=True)  # a hung hook's thread cannot be joined
         return stuck

@@ -196,6 +196,10 @@ class TicketLedger:
     def is_settled(self, index: int) -> bool:
         return self._group_of[index].is_settled(index)
 
+    def group_of(self, index: int) -> Group:
+        """The group sample ``index`` belongs to (its ``closed``: the membership is final)."""
+        return self._group_of[index]
+
     @property
     def all_settled(self) -> bool:
         return not self.open and self._unsettled_groups == 0

@@ -38,7 +38,9 @@ from collections import deque
 from typing import Any, Callable
 
 from verl_async_rm.cache import ResultCache, request_key
+from verl_async_rm.cost import USAGE_KEY, Usage, take_usage
 from verl_async_rm.engine.flow import FlowControl
+from verl_async_rm.engine.spend import Spending
 from verl_async_rm.limits import LeakyBucket
 from verl_async_rm.normalize import normalize_score
 from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored
@@ -60,7 +62,8 @@ class Sample:
     """One request's state. ``owner`` is the engine's (its ticket or stream member), and names the
     sample in error messages (``owner.describe(item)``, only called on error)."""
 
-    __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key")
+    __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key",
+                 "group_call", "reservation", "log_key")
 
     def __init__(self, item: RewardItem, owner: Any):
         self.item = item
@@ -72,9 +75,17 @@ class Sample:
         self.attempt: Attempt | None = None
         self.timer: asyncio.TimerHandle | None = None  # retry wait
         self.cache_key: Any = None
+        self.group_call: Any = None  # a group judge's call standing for this sample (engine/group_judge.py)
+        self.reservation = None  # its budget reservation while an attempt is in flight (engine/spend.py)
+        self.log_key: str | None = None  # its verdict-log request key (engine/verdicts.py)
 
     def where(self) -> str:
         return self.owner.describe(self.item)
+
+    def scored(self, value: Any) -> Outcome:
+        """What an answer makes of this request (a group judge's call answers for a whole group)."""
+        score, extra = normalize_score(value, self.where)
+        return Scored(score, extra, self.attempts + 1)
 
 
 class Attempt:
@@ -114,6 +125,9 @@ class RequestPipeline:
         tpm: LeakyBucket | None = None,
         token_estimator: Callable[[RewardItem], float] | None = None,
         cache: ResultCache | None = None,
+        spend: Spending | None = None,
+        on_budget_spent: Callable[[Sample], None] | None = None,
+        answer_early: Callable[[list[Sample]], list[Sample]] | None = None,
     ):
         self.loop = loop
         self.calls = calls
@@ -130,6 +144,12 @@ class RequestPipeline:
         self.max_throttled_s = max_throttled_s
         self.rpm, self.tpm, self.token_estimator = rpm, tpm, token_estimator
         self.cache = cache
+        # Hooks of judge operations (cost.py, verdict_log.py): usage and budget per attempt; samples
+        # answered from the verdict log instead of being sent (a resumed run).
+        self.spend = spend
+        self.budgeted = spend is not None and spend.limited
+        self.on_budget_spent = on_budget_spent
+        self.answer_early = answer_early
         self.queue: deque[Sample] = deque()
         self.in_flight = 0  # attempts holding a slot
         self.peak_in_flight = 0
@@ -147,6 +167,8 @@ class RequestPipeline:
 
     # -- entry -----------------------------------------------------------------------------------
     def enqueue(self, samples: list[Sample]) -> None:
+        if self.answer_early is not None:
+            samples = self.answer_early(samples)
         if self.cache is None:
             self.queue.extend(samples)
         else:
@@ -164,11 +186,16 @@ class RequestPipeline:
             if not attempt.finished:
                 attempt.finished = True
                 self.flow.on_abandoned()
+                if self.budgeted:  # it may have been billed: charged its reservation
+                    self.spend.release(sample, None)
             self._give_up(attempt)
         elif state == WAITING and sample.timer is not None:
             sample.timer.cancel()
         if sample.cache_key is not None:
             self._release_followers(sample, None)
+        call = sample.group_call
+        if call is not None and call.state != DONE and all(m.state == DONE for m in call.members):
+            self.abandon(call)  # every member of a group judge's call was settled from outside
 
     # -- admission ---------------------------------------------------------------------------------
     def pump(self) -> None:
@@ -212,6 +239,12 @@ class RequestPipeline:
             if delay > 0:
                 self._wake_after(now, delay)
                 return
+            if self.budgeted:
+                admitted = self.spend.admit(sample)
+                if not admitted:
+                    if admitted is None:  # nothing in flight can free room: the budget is spent
+                        self.on_budget_spent(sample)
+                    return  # else a request in flight ending pumps again
             queue.popleft()
             if rpm is not None:
                 rpm.take(now)
@@ -402,13 +435,17 @@ class RequestPipeline:
             attempt.timer = None
         if not attempt.finished:
             attempt.finished = True
-            self._decide(attempt, value, error, cancelled)
+            reported = self._decide(attempt, value, error, cancelled)
+            if self.budgeted or reported is not None:  # nothing to do for an unbudgeted, unreported call
+                self._spent(attempt.sample, reported, error)
         # Last: freeing the slot pumps the queue, which must see what this answer taught the flow control.
         if not still_running and not hung:
             self._release(attempt)
 
-    def _decide(self, attempt: Attempt, value: Any, error: BaseException | None, cancelled: bool) -> None:
+    def _decide(self, attempt: Attempt, value: Any, error: BaseException | None, cancelled: bool) -> Usage | None:
+        """What happens next; returns the usage the answer reported, if any."""
         sample = attempt.sample
+        reported = None
         now = self.loop.time()
         if cancelled and not attempt.timed_out:
             self.flow.on_abandoned()  # closed under it: the engine answers for the sample
@@ -416,14 +453,15 @@ class RequestPipeline:
         if error is None and not attempt.timed_out:
             self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
             try:
-                score, extra = normalize_score(value, sample.where)
-                outcome: Outcome = Scored(score, extra, sample.attempts + 1)
+                outcome: Outcome = sample.scored(value)
+                if isinstance(outcome, Scored) and outcome.extra and USAGE_KEY in outcome.extra:
+                    reported = take_usage(outcome.extra)  # the judge's reported usage, as two integer keys (cost.py)
             except Exception as exc:  # noqa: BLE001 - e.g. 10**400 raises OverflowError in float()
                 outcome = Failed("invalid", str(exc) if isinstance(exc, RewardFunctionError)
                                  else f"{sample.where()} returned an unusable score: {type(exc).__name__}: {exc}",
                                  sample.attempts + 1)
             self._finish(sample, outcome)
-            return
+            return reported
         if error is None:
             error = TimeoutError(f"request_timeout ({self.timeout}s)")
         info = classify(error)
@@ -453,6 +491,12 @@ class RequestPipeline:
         self.metrics.retries += 1
         sample.state = WAITING
         sample.timer = self.loop.call_at(now + delay, self._retry_now, sample)
+
+    def _spent(self, sample: Sample, reported: Usage | None, error: BaseException | None) -> None:
+        """Charge an ended attempt: the usage its answer reported, else its reservation; a throttle
+        is not charged."""
+        throttled = error is not None and classify(error).throttled
+        self.spend.release(sample, reported, charge=not throttled)
 
     def _retry_now(self, sample: Sample) -> None:
         sample.timer = None

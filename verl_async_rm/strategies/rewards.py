@@ -16,6 +16,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from verl_async_rm.cost import Prices, Usage, chunk_usage
 from verl_async_rm.integration.client import connect
 from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
 from verl_async_rm.integration.settings import settings_from_verl_config
@@ -49,6 +50,7 @@ class PendingRewards:
     failed: int = 0
     uniform_groups: bool = True  # every group of the batch has the ticket's group size
     strays: int = 0  # samples scored on the ticket whose rows the batch does not have (v1: dropped groups)
+    usage: Usage = Usage()  # the judge's reported tokens for this batch (cost.py)
 
     @property
     def samples(self) -> int:
@@ -114,6 +116,9 @@ class BatchRewards:
         self.client = connect(self.settings)
         self.tokenizer = tokenizer
         self.extra_keys = tuple(self.settings.extra_keys)
+        agent = self.settings.agent
+        self.prices = Prices.of(agent.price_input_per_million, agent.price_output_per_million)
+        self.total_usage = Usage()  # every batch so far (cumulative cost in the step metrics)
 
     @property
     def fixed_keys(self) -> tuple[str, ...]:
@@ -206,6 +211,9 @@ class BatchRewards:
         ticket.remaining -= len(ours)
         extra = fixed_extra_columns(chunk.scores, chunk.extra_info, self.extra_keys)
         pending.failed += int(sum(extra["reward_failed"][p] for p in ours))
+        usage = chunk_usage(chunk.extra_info)  # the judge's reported usage (cost.py)
+        pending.usage += usage
+        self.total_usage += usage
         out = ScoredRows.empty(self.fixed_keys)
         for position in ours:
             request = ticket.requests[chunk.indices[position]]

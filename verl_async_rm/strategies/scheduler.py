@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
+from verl_async_rm.cost import usage_metrics
 from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASK, MASKED_SAMPLES_METRIC, decide
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, schedule_updates
@@ -262,6 +263,7 @@ class StepScheduler:
             "async_rm/staleness/max": float(global_steps - 1 - generated.weights_step),
             "async_reward/groups_per_mini_batch": self.plan.samples_per_mini_batch / max(1, rewards.group_size),
             "async_reward/failed": rewards.failed,
+            **usage_metrics(rewards.usage, self.rewards.total_usage, self.rewards.prices),
         }
 
 

@@ -78,7 +78,8 @@ async def judge_once(client: openai.AsyncOpenAI, model: str, solution_str: str, 
         raise MalformedJudgeReply(f"judge body is not a chat completion: {exc}") from None
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # truncated JSON, no choices
         raise MalformedJudgeReply(f"judge body is not a chat completion: {type(exc).__name__}: {exc}") from None
-    return {"score": parse_score(content), "judge_reply": content}
+    # ``usage``: the judge's token usage, read by the agent for cost figures and budgets (cost.py).
+    return {"score": parse_score(content), "judge_reply": content, "usage": response.usage}
 
 
 async def compute_score(

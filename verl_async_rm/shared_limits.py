@@ -1,0 +1,246 @@
+"""Limits shared across jobs on one Ray cluster: the limiter actor and the job's side of it.
+
+Set ``shared_limits: {endpoint: "judge-a"}`` and every job naming ``judge-a`` takes its concurrency,
+requests/tokens per minute and 429 back-off from one detached named actor,
+``async_rm_limiter:judge-a`` (namespace ``shared_limits.namespace``), created by the first job and
+found by the others. Why leases and how they keep the sum within the limits: ``lease_table.py``.
+
+The job's side (``SharedLimitsClient``) sits beside the engine's request pipeline on its loop and
+only moves numbers the pipeline already reads: its concurrency cap (``pipeline.cap``, set to the
+lease), its rate buckets (``pipeline.rpm``/``tpm``, replaced by pools of leased permits with the
+bucket's ``wait_time``/``take``), and the flow control's pause (``flow.paused_until``, extended to the
+endpoint's back-off). The pipeline is unchanged: a request pays no remote call; one heartbeat per
+``heartbeat_s`` (or sooner, when a pool runs dry) renews everything. Without the setting nothing
+here is imported or created: a job behaves exactly as before.
+
+A job that cannot reach the limiter for ``lease_ttl / 2`` stops sending (cap 0) until it can; the
+limiter reclaims its lease after ``lease_ttl``. Requests such a job already had in flight may then
+overlap with the reclaimed slots for their own duration: the bound holds for jobs that crash (their
+requests die with them) and for jobs that stay connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import secrets
+import time
+from collections import deque
+
+from verl_async_rm.lease_table import EndpointLimits, LeaseTable, LimitsConflict
+
+_log = logging.getLogger(__name__)
+ACTOR_PREFIX = "async_rm_limiter:"
+
+
+class SharedLimiter:
+    """The actor body: one ``LeaseTable`` per endpoint, on the wall clock (jobs on several nodes).
+    A plain (sync, one call at a time) actor: calls are serialised, no lock needed."""
+
+    def __init__(self, endpoint: str, lease_ttl: float, permit_ttl: float, batch_s: float):
+        self.endpoint = endpoint
+        self.table = LeaseTable(ttl=lease_ttl, permit_ttl=permit_ttl, batch_s=batch_s)
+
+    def register(self, job: str, limits: dict, want_requests: float = 0.0, want_tokens: float = 0.0) -> dict:
+        self.table.register(job, EndpointLimits(**limits), time.time())
+        return self.heartbeat(job, demand=0, in_use=0, applied=-1, want_requests=want_requests, want_tokens=want_tokens)
+
+    def heartbeat(self, job: str, **report) -> dict:
+        return dataclasses.asdict(self.table.heartbeat(job, now=time.time(), **report))
+
+    def leave(self, job: str) -> None:
+        self.table.leave(job)
+
+    def snapshot(self) -> dict:
+        return self.table.snapshot()
+
+
+def limiter_actor(endpoint: str, namespace: str, lease_ttl: float, permit_ttl: float, batch_s: float):
+    """The endpoint's limiter, created if no job has yet (``get_if_exists``: two jobs starting at
+    once get the same one). Detached: it outlives the job that created it."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError("shared_limits needs Ray: call ray.init(address=...) on the cluster before building the agent")
+    actor_class = ray.remote(num_cpus=0, max_restarts=-1)(SharedLimiter)
+    return actor_class.options(
+        name=ACTOR_PREFIX + endpoint, namespace=namespace, lifetime="detached", get_if_exists=True,
+    ).remote(endpoint, lease_ttl, permit_ttl, batch_s)
+
+
+class LeasedPermits:
+    """Rate permits (requests or tokens) leased from the limiter, each batch usable until its expiry
+    (on the loop's clock). The pipeline reads it as it reads a ``LeakyBucket``."""
+
+    def __init__(self, client: SharedLimitsClient, whole: bool):
+        self.client = client
+        self.whole = whole
+        self.batches: deque[list[float]] = deque()  # [expires_at, amount], in expiry order
+        self.total = 0.0  # the amounts in ``batches`` (kept, not summed: this is read per request)
+        self.capacity = math.inf  # one request's amount above this is clamped (the shared bucket's capacity)
+        self.typical = 1.0  # a request's amount, smoothed: how much to ask for per queued request
+
+    def available(self, now: float) -> float:
+        while self.batches and self.batches[0][0] <= now:
+            self.total -= self.batches.popleft()[1]
+        if not self.batches:
+            self.total = 0.0  # no drift from float arithmetic
+        return self.total
+
+    def add(self, amount: float, expires_at: float) -> None:
+        if amount > 0:
+            self.batches.append([expires_at, amount])
+            self.total += amount
+
+    def wait_time(self, now: float, amount: float = 1.0) -> float:
+        amount = min(float(amount), self.capacity)
+        if not self.whole:
+            self.typical = 0.9 * self.typical + 0.1 * amount
+        if self.available(now) + 1e-9 >= amount:
+            return 0.0
+        self.client.need_permits()
+        return self.client.settings.heartbeat_s
+
+    def take(self, now: float, amount: float = 1.0) -> None:
+        amount = min(float(amount), self.capacity)
+        self.available(now)
+        while amount > 1e-12 and self.batches:
+            batch = self.batches[0]
+            used = min(batch[1], amount)
+            batch[1] -= used
+            self.total -= used
+            amount -= used
+            if batch[1] <= 1e-12:
+                self.batches.popleft()
+
+    def want(self, queued: int, now: float) -> float:
+        return max(0.0, queued * self.typical - self.available(now))
+
+
+class SharedLimitsClient:
+    """One job's lease on the endpoint's limits, renewed on the engine's loop."""
+
+    def __init__(self, pipeline, flow, config, loop: asyncio.AbstractEventLoop):
+        import ray
+
+        self.settings = config.shared_limits
+        self.pipeline, self.flow, self.loop = pipeline, flow, loop
+        self.job = secrets.token_hex(8)
+        self.limits = EndpointLimits(config.max_concurrency, config.requests_per_minute, config.tokens_per_minute)
+        self.actor = limiter_actor(self.settings.endpoint, self.settings.namespace, self.settings.lease_ttl,
+                                   self.settings.permit_ttl, batch_s=max(0.5, 2 * self.settings.heartbeat_s))
+        self.rpm = LeasedPermits(self, whole=True) if config.requests_per_minute else None
+        self.tpm = LeasedPermits(self, whole=False) if config.tokens_per_minute else None
+        pipeline.rpm, pipeline.tpm = self.rpm, self.tpm
+        pipeline.cap = 0  # nothing is sent before the first lease
+        self.version = -1
+        self.valid_until = -math.inf
+        self.heartbeats = 0
+        self._need = asyncio.Event()
+        self._last_beat = -math.inf
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        sent = loop.time()
+        # A job starts with a heartbeat's worth of permits, so its first requests need no round trip
+        # (unused, they expire after permit_ttl: a one-off fraction of the rate).
+        self._initial_wants = {
+            "want_requests": (config.requests_per_minute or 0.0) / 60.0 * self.settings.heartbeat_s,
+            "want_tokens": (config.tokens_per_minute or 0.0) / 60.0 * self.settings.heartbeat_s,
+        }
+        try:  # once, at start, in the builder's thread: a conflict must fail the build, loudly
+            grant = ray.get(self.actor.register.remote(self.job, dataclasses.asdict(self.limits), **self._initial_wants),
+                            timeout=60)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, LimitsConflict):
+                raise LimitsConflict(f"shared_limits endpoint {self.settings.endpoint!r}: {exc.cause}") from None
+            raise
+        self._apply(grant, sent)
+        if loop.is_running():
+            loop.call_soon_threadsafe(self._start)
+        else:
+            loop.call_soon(self._start)
+
+    def _start(self) -> None:
+        if not self._closed:
+            self._task = self.loop.create_task(self._renew())
+
+    def need_permits(self) -> None:
+        self._need.set()
+
+    async def _renew(self) -> None:
+        interval = self.settings.heartbeat_s
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._need.wait(), interval)
+            except TimeoutError:
+                pass
+            self._need.clear()
+            # A dry pool asks at once, but never more often than 4 times a heartbeat (an empty shared
+            # bucket would otherwise be asked on every pump).
+            early = self._last_beat + interval / 4 - self.loop.time()
+            if early > 0:
+                await asyncio.sleep(early)
+            self._last_beat = self.loop.time()
+            if self.loop.time() > self.valid_until and self.pipeline.cap:
+                _log.error("shared_limits %r: no lease renewal for %.1fs; sending stops until the limiter answers",
+                           self.settings.endpoint, self.settings.lease_ttl / 2)
+                self.pipeline.cap = 0
+            try:
+                await self._beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the limiter restarting, or the lease expired: register again
+                _log.warning("shared_limits %r: heartbeat failed (%s: %s)", self.settings.endpoint, type(exc).__name__, exc)
+                await asyncio.sleep(interval)
+                try:
+                    sent = self.loop.time()
+                    self._apply(await self.actor.register.remote(self.job, dataclasses.asdict(self.limits),
+                                                                 **self._initial_wants), sent)
+                except Exception:  # noqa: BLE001 - tried again at the next beat
+                    pass
+
+    async def _beat(self) -> None:
+        pipeline, now = self.pipeline, self.loop.time()
+        queued = len(pipeline.queue)
+        paused = self.flow.paused_until
+        report = {
+            "demand": queued + pipeline.in_flight,
+            "in_use": pipeline.in_flight,
+            "applied": self.version,
+            "want_requests": self.rpm.want(queued, now) if self.rpm is not None else 0.0,
+            "want_tokens": self.tpm.want(queued, now) if self.tpm is not None else 0.0,
+            "paused_until": time.time() + (paused - now) if paused > now else -math.inf,
+        }
+        self._apply(await self.actor.heartbeat.remote(self.job, **report), now)
+
+    def _apply(self, grant: dict, sent: float) -> None:
+        """A grant for a heartbeat sent at ``sent`` (loop clock): permits and the lease count from then."""
+        self.heartbeats += 1
+        self.version = grant["version"]
+        self.valid_until = sent + self.settings.lease_ttl / 2
+        expires = sent + grant["permit_ttl"]
+        if self.rpm is not None:
+            self.rpm.add(grant["requests"], expires)
+        if self.tpm is not None:
+            self.tpm.capacity = grant["token_capacity"]
+            self.tpm.add(grant["tokens"], expires)
+        pause = grant["paused_until"]
+        if pause > time.time():  # another job was told to back off: so is this one
+            self.flow.paused_until = max(self.flow.paused_until, self.loop.time() + pause - time.time())
+        self.pipeline.cap = grant["slots"]
+        self.pipeline.pump()
+
+    def snapshot(self) -> dict:
+        return {"shared_slots": self.pipeline.cap, "shared_heartbeats": self.heartbeats}
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task], timeout=5)
+        try:
+            self.actor.leave.remote(self.job)  # the lease returns at once (else after lease_ttl)
+        except Exception:  # noqa: BLE001 - Ray already down: the lease expires by itself
+            pass
