@@ -414,3 +414,39 @@ def test_an_open_ticket_scores_samples_as_they_arrive_and_hands_out_whole_groups
 
     handed = virtual(scenario)
     assert handed == [(5.0, [0, 2]), (8.0, [1, 3, 5]), (10.0, [4, 6])]  # as each completes; 'short' at close
+
+
+def test_an_open_tickets_failure_rate_is_judged_on_its_whole_size_at_close():
+    """Early failures among an open ticket's first samples (5 of the first 9) do not stop a step
+    whose final rate is inside the budget (5 of 32); a ticket whose final rate is past it fails at
+    close with the counts of the whole ticket."""
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(0.1)
+        if extra_info["fail"]:
+            raise ValueError("injected failure")
+        return 1.0
+
+    def item(i, fail):
+        return {"solution_str": "x", "uid": i // 4, "index": i, "extra_info": {"fail": fail}}
+
+    async def scenario(failing):
+        config = {"max_attempts": 1, "max_failure_rate": 0.5, "failure_policy": "neutral"}
+        async with AsyncRewardAgent(reward, config) as agent:
+            ticket = agent.open_ticket(4)
+            agent.add(ticket, [item(i, i in failing) for i in range(9)])
+            await asyncio.sleep(1)  # all nine settled while the ticket is open
+            agent.add(ticket, [item(i, i in failing) for i in range(9, 32)])
+            agent.close_ticket(ticket)
+            delivered = []
+            try:
+                while chunk := await agent.get(ticket, 4):
+                    delivered += chunk.indices
+            except FailureBudgetExceeded as error:
+                return delivered, str(error)
+            return delivered, None
+
+    delivered, error = virtual(lambda: scenario({0, 1, 2, 5, 6}))
+    assert error is None and sorted(delivered) == list(range(32))
+    delivered, error = virtual(lambda: scenario(set(range(0, 32, 2)) | {1, 3, 5}))
+    assert error is not None and "17 of 32 samples failed" in error  # the first count past 16 of 32

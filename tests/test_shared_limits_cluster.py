@@ -102,11 +102,14 @@ class TwoRayletCluster:
                 os.killpg(starter.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for pid in self._leftovers():  # a process that left the group (e.g. a worker that setsid'd)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        deadline = time.time() + 15  # SIGKILL is not instant: a dying process keeps its /proc entry a moment
+        while (leftovers := self._leftovers()) and time.time() < deadline:
+            for pid in leftovers:  # a process that left the group (e.g. a worker that setsid'd)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
 
     def _leftovers(self) -> list[int]:
         found = []

@@ -121,7 +121,8 @@ def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
 
     fast_threads, blocking_threads, took = bridged(go, workers=64)
     assert fast_threads <= 4
-    assert blocking_threads == 64 and took < 0.3 * 2  # concurrently, not 64 x 0.3 s
+    # concurrently: one after another would take 64 x 0.3 s = 19.2 s; the bound leaves room for a busy machine
+    assert blocking_threads == 64 and took < 0.3 * 8
 
 
 def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_shutdown():

@@ -155,7 +155,8 @@ def test_a_killed_score_resumes_to_the_output_of_an_uninterrupted_run(tmp_path, 
 
     rows = make_responses(32, 4, seed=1)
     write_jsonl(rows, tmp_path / "in.jsonl")
-    with JudgeServer(JudgeServerConfig(latency=(0.02, 0.06), seed=1)) as server:
+    # a judge slow enough (128 samples, cap 4: ~5 s) that the signal lands well before the end
+    with JudgeServer(JudgeServerConfig(latency=(0.1, 0.2), seed=1)) as server:
         assert main(score_command(tmp_path, server, "whole.jsonl")[3:]) == 0  # the same command, in process
 
         log = tmp_path / "cut.jsonl.verdicts.jsonl"

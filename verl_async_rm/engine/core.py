@@ -193,7 +193,9 @@ class ScoringEngine:
         """A ticket whose samples come later (``add``, e.g. as each rollout finishes) until ``close``.
         Its groups are handed out as they complete, like any ticket's; ``ticket_deadline`` counts
         from now."""
-        return self._new_ticket(TicketLedger([], group_size, open=True), 0).ticket
+        run = self._new_ticket(TicketLedger([], group_size, open=True), 0)
+        run.budget.open = True  # its failure rate is judged at close (engine/budget.py)
+        return run.ticket
 
     def add(self, ticket: str, items: list[RewardItem]) -> None:
         """More samples of an open ticket; they start scoring at once. Bad input raises here and
@@ -210,6 +212,10 @@ class ScoringEngine:
         run = self._open_run(ticket)
         for group in run.ledger.close():
             self._on_group_settled(run, group)
+        run.budget.open = False  # its whole size is known now: judge its failure rate
+        if run.error is None and run.budget.exceeded:
+            self._fail_ticket(run, FailureBudgetExceeded(run.budget.describe(run.ticket)))
+            return
         if self.reward.is_group_judge:  # groups closed short of their size are judged with what they have
             self._judge_closed_groups(run, list(run.samples.values()))
         self._serve(run)
