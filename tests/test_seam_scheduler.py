@@ -6,6 +6,7 @@ tests/trainer/test_strategies.py."""
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from pathlib import Path
 
@@ -84,9 +85,9 @@ def layout(seed=0):
 
 
 def run_step(order_mode="completion", use_critic=False, epochs=1, delays=None, fails=(), controller=None,
-             shape_changes=None, pipelineable=True, agent_settings=None):
+             shape_changes=None, pipelineable=True, agent_settings=None, all_scored_first=False, split_scored=False):
     order, group_of_row = layout()
-    strategy = StrategyConfig(True, 0, order_mode)
+    strategy = StrategyConfig(True, 0, order_mode, split_scored_batches=split_scored)
     shape = TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N, ppo_epochs=epochs,
                          critic_epochs=epochs, use_critic=use_critic, adv_estimator="gae" if use_critic else "grpo",
                          **(shape_changes or {}))
@@ -94,6 +95,11 @@ def run_step(order_mode="completion", use_critic=False, epochs=1, delays=None, f
     agent = rewards(**(agent_settings or {}))
     delays = delays or {g: 0.02 * ((g * 5) % PROMPTS) for g in range(PROMPTS)}  # groups finish out of order
     pending = agent.submit(requests_for(order, group_of_row, delays, fails))
+    if all_scored_first:  # every reward in before training starts (an instant judge, scored while generating)
+        deadline = time.monotonic() + 30
+        while agent.client.metrics()["completed"] + agent.client.metrics()["failed"] < len(order):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
     ops = FakeOps(order, pipelineable)
     scheduler = StepScheduler(strategy, plan, agent, use_critic=use_critic, reduce_lists=lambda d: {k: sum(v) / len(v) for k, v in d.items()})
     metrics = scheduler.train(ops, None, pending, update_actor=True, timing_raw={}, kl_controller=controller)
@@ -191,6 +197,28 @@ def test_later_epochs_run_as_verl_over_the_whole_batch_and_the_critic_waits_for_
     assert [u[2] for u in actor] == [1, 1, 1, 1, 1] and [u[3] for u in actor] == [False] * 4 + [True]
     assert metrics["async_reward/actor_loads"] == 1 and metrics["async_reward/actor_offloads"] == 1
     assert metrics["async_reward/critic_loads"] == 1 and metrics["async_reward/critic_offloads"] == 1
+
+
+@pytest.mark.parametrize("order_mode", ["completion", "index"])
+def test_a_batch_scored_before_training_starts_is_trained_whole_in_one_update_call(order_mode):
+    """Nothing to overlap: verl's one update call (the split would cost a call per mini-batch), and
+    the same scores attached as the pipeline attaches; split_scored_batches=true splits it anyway."""
+    ops, metrics, group_of_row, order, plan = run_step(order_mode, delays={g: 0.0 for g in range(PROMPTS)}, all_scored_first=True)
+    assert [e for e in ops.events if e[0] == "update"] == [("update", "actor", 1, True, None)]
+    assert [e for e in ops.events if e[0] == "adv"] == [("adv", None)]
+    assert metrics["async_reward/pipelined"] == 0.0
+    assert ops.scores == {row: row for row in order}  # each row its own score (the row number)
+
+    split, split_metrics, *_ = run_step(order_mode, delays={g: 0.0 for g in range(PROMPTS)}, all_scored_first=True,
+                                        split_scored=True)
+    assert len([e for e in split.events if e[0] == "update"]) == PROMPTS // MINI
+    assert split_metrics["async_reward/pipelined"] == 1.0 and split.scores == ops.scores
+
+
+def test_a_batch_still_being_scored_when_training_starts_is_pipelined():
+    ops, metrics, *_ = run_step("completion", delays={g: 0.3 if g == 0 else 0.0 for g in range(PROMPTS)})
+    assert metrics["async_reward/pipelined"] == 1.0
+    assert len([e for e in ops.events if e[0] == "update"]) == PROMPTS // MINI
 
 
 def test_a_batch_that_cannot_be_cut_into_whole_group_mini_batches_is_trained_whole():

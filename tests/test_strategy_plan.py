@@ -35,6 +35,10 @@ def test_flags_and_the_recipe_spellings():
     assert strategy_from_mapping({"update_pipeline": True}).mini_batch_pipeline  # the recipe's older flag
     assert strategy_from_mapping({"off_policy_steps": 1}) == StrategyConfig(False, 1)
     assert strategy_from_mapping({"mini_batch_order": "index"}).mini_batch_order == "index"
+    assert not strategy_from_mapping({"mini_batch_pipeline": True}).split_scored_batches  # scored batches: whole
+    assert strategy_from_mapping({"split_scored_batches": True}).split_scored_batches
+    with pytest.raises(ValueError, match="split_scored_batches"):
+        strategy_from_mapping({"split_scored_batches": "yes"})
     assert not StrategyConfig().enabled and StrategyConfig(off_policy_steps=2).enabled
     with pytest.raises(ValueError, match="contradicts"):
         strategy_from_mapping({"mini_batch_pipeline": True, "update_pipeline": False})

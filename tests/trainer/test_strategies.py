@@ -53,7 +53,10 @@ NO_FAILURES = ["+reward.custom_reward_function.reward_kwargs={fail:false}"]
 MASK = ["reward.async_agent.failure_policy=mask", "reward.async_agent.min_group_success=2"]
 MASK_FAIL_SHARE = 0.2  # the v1 pipeline run: a fifth of the rewards raise, and are masked
 PADDED_VALIDATION = ["actor_rollout_ref.rollout.agent.num_workers=2"]  # with the 15-prompt validation set
-PIPELINE, INDEX_ORDER = ["mini_batch_pipeline=true"], ["+mini_batch_order=index"]
+# The toy reward is instant and scored while generating, so every batch would be scored before its
+# training starts and trained whole (nothing to overlap: the scheduler's shortcut, tested in
+# tests/test_seam_scheduler.py); these runs test the pipeline itself, so it splits them anyway.
+PIPELINE, INDEX_ORDER = ["mini_batch_pipeline=true", "+split_scored_batches=true"], ["+mini_batch_order=index"]
 CRITIC = ["algorithm.adv_estimator=gae", "critic.strategy=fsdp2", "critic.model.use_remove_padding=false",
           "critic.model.enable_gradient_checkpointing=false", "+critic.model.override_config.attn_implementation=eager",
           "critic.fsdp.use_torch_compile=false", "critic.fsdp.model_dtype=fp32", "critic.fsdp.seed=0",

@@ -65,6 +65,10 @@ class StrategyConfig:
     # off_policy_steps=auto: the lookahead is chosen each step from measured reward latency vs step
     # compute (pooled.choose_lookahead); off_policy_steps then holds the first value (1) and the cap.
     auto_off_policy: bool = False
+    # A batch whose rewards are all in when training starts has nothing to overlap: it is trained
+    # whole, in one update call as verl does (the split costs a call per mini-batch for nothing).
+    # true: split it all the same (the pipeline's own path under an instant reward, in tests).
+    split_scored_batches: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -114,7 +118,8 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
     on_stale = values.get("on_stale") or "wait"
     if on_stale not in ON_STALE:
         raise ValueError(f"on_stale must be one of {ON_STALE}, got {on_stale!r}")
-    return StrategyConfig(pipeline, steps, order, stream, staleness, on_stale, auto)
+    split = _flag(values.get("split_scored_batches"), "split_scored_batches")
+    return StrategyConfig(pipeline, steps, order, stream, staleness, on_stale, auto, split)
 
 
 # -- the rest of verl's config, as the checks need it ------------------------------------------------

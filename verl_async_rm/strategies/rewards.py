@@ -185,6 +185,19 @@ class BatchRewards:
         except TimeoutError:
             return None
 
+    def take_if_all_scored(self, pending: PendingRewards) -> Optional[ScoredRows]:
+        """Every remaining group of ``pending`` if all of them are scored already, else None with
+        nothing taken (one ticket only: the pipeline's batches)."""
+        if len(pending.tickets) != 1:
+            raise ValueError("taking a whole batch at once without waiting needs a batch of one group size")
+        ticket = pending.tickets[0]
+        if not ticket.remaining:
+            return None
+        try:
+            return self._take(pending, ticket, None, timeout=0)
+        except TimeoutError:
+            return None
+
     def take(self, pending: PendingRewards, n: Optional[int] = None) -> ScoredRows:
         """Whole groups totalling ``n`` requests in completion order (one ticket only), or everything
         left (``n`` None), blocking until they are scored."""

@@ -167,6 +167,9 @@ class StepScheduler:
         """Score, advantage and update one generated batch; returns the step's metrics. ``scored``:
         every row's score already in hand (the staleness pool's batches): one whole-batch update."""
         pipelined = scored is None and self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
+        if pipelined and not self.strategy.split_scored_batches:
+            scored = self.rewards.take_if_all_scored(pending)
+            pipelined = scored is None  # all in already: nothing to overlap, one whole-batch update
         plan = self.plan if pipelined else self._whole_batch()
         schedule = schedule_updates(plan, use_critic=self.use_critic, update_actor=update_actor)
         kl = DeferredKL(kl_controller) if kl_controller is not None else None
