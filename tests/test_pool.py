@@ -11,15 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, short_of_supply
 
 pytestmark = pytest.mark.quick
 
 
-def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction):
+def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction, supply=False):
     """Steps 1..steps; batch b (G groups) is generated for step b, ``lookahead`` steps early; before
     each selection a random part of the pending groups has been scored; a wait scores one more (the
-    awaited group, or a random one)."""
+    awaited group, or a random one). ``supply``: the v1 trainer's rule under on_stale=drop, a batch
+    more (born at the latest step generated for) while the pool is ``short_of_supply``."""
     rng = random.Random(seed)
     pool = GroupPool(groups_per_step, max_staleness, on_stale)
     generated, log, extra, born_of = 0, [], 0, {}
@@ -28,6 +29,13 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
             generated += 1
             pool.add([(generated, i) for i in range(groups_per_step)], born=generated)
             born_of.update({(generated, i): generated for i in range(groups_per_step)})
+        while supply and short_of_supply(len(pool.groups), groups_per_step, lookahead, steps - step + 1):
+            extra += 1
+            born = max(generated, step)
+            pool.add([(steps + extra, i) for i in range(groups_per_step)], born=born)
+            born_of.update({(steps + extra, i): born for i in range(groups_per_step)})
+        if supply:
+            assert len(pool.groups) >= groups_per_step * min(1 + lookahead, steps - step + 1)
         for key in pool.pending():
             if rng.random() < ready_fraction:
                 pool.scored(key)
@@ -76,6 +84,49 @@ def test_every_group_once_never_too_stale_oldest_first(g, steps, k, s, on_stale,
             assert all(age(key) > age(taken) for taken in chosen_freely)
         for key in entry["dropped"]:
             assert step - born_of[key] >= s
+
+
+@settings(max_examples=80, deadline=None)
+@given(g=st.integers(1, 5), steps=st.integers(1, 10), k=st.integers(0, 3), s=st.integers(0, 3),
+       seed=st.integers(0, 10**6), ready=st.floats(0, 1))
+def test_supply_batches_under_drop_keep_every_promise(g, steps, k, s, seed, ready):
+    """on_stale=drop with the supply rule (two batches may share a birth step): still every group
+    once or dropped, nothing lost, never staler than max_staleness, every step full."""
+    pool, log, extra, born_of = simulate(g, steps, k, s, "drop", seed, ready, supply=True)
+    taken = [key for entry in log for key in entry["take"]]
+    dropped = [key for entry in log for key in entry["dropped"]]
+    assert len(taken) == len(set(taken)) and not set(taken) & set(dropped)
+    assert pool.dropped == len(dropped)
+    every = {(b, i) for b in range(1, steps + 1) for i in range(g)} | {(steps + e, i) for e in range(1, extra + 1) for i in range(g)}
+    assert set(taken) | set(dropped) | set(pool.groups) == every
+    for entry in log:
+        assert len(entry["take"]) == g
+        assert all(entry["step"] - born_of[key] <= s for key in entry["take"])
+
+
+def test_more_ready_groups_due_than_a_step_trains_on_drop_the_excess_oldest_kept():
+    """Two batches born at one step (a supply batch), none taken before they are due: the step
+    trains on the oldest train_batch_size of them and drops the rest (wait: a loud error)."""
+    pool = GroupPool(2, max_staleness=1, on_stale="drop")
+    pool.add(["a", "b"], born=1)
+    pool.add(["c", "d"], born=1)  # the supply batch
+    pool.add(["e", "f"], born=2)
+    for key in "abcdef":
+        pool.scored(key)
+    choice = pool.select(2)
+    assert choice.take == ("a", "b") and set(choice.drop) == {"c", "d"} and pool.dropped == 2
+    waiting = GroupPool(2, max_staleness=1, on_stale="wait")
+    waiting.add(["a", "b", "c"], born=1)
+    for key in "abc":
+        waiting.scored(key)
+    with pytest.raises(RuntimeError, match="max_staleness"):
+        waiting.select(2)
+
+
+@pytest.mark.parametrize("pool_groups, k, left, short", [(15, 1, 10, True), (16, 1, 10, False), (8, 1, 1, False),
+                                                         (7, 1, 1, True), (8, 0, 5, False), (0, 2, 0, False)])
+def test_short_of_supply(pool_groups, k, left, short):
+    assert short_of_supply(pool_groups, 8, k, left) is short
 
 
 @settings(max_examples=50, deadline=None)

@@ -79,3 +79,25 @@ def test_auto_lookahead_from_measurements():
     assert choose_lookahead([2.5] * 10, [1.0], max_steps=4) == 3
     assert choose_lookahead([2.5] * 10, [1.0], max_steps=1) == 1
     assert choose_lookahead([0.0] * 10, [1.0], max_steps=1) == 0
+
+
+def test_auto_lookahead_measures_each_group_by_its_slowest_member():
+    """A group is usable once its slowest member is scored: the latencies handed to the auto rule are
+    one per group, the slowest member's, not one per sample."""
+    rw = rewards(extra_keys=())
+    stream = rw.open_stream(N)
+    rows_of, group_of = {}, {}
+    for g in range(GROUPS):
+        for s in range(N):
+            index, delay = g * N + s, (0.4 if (g, s) == (1, 2) else 0.0)  # one slow member, in group 1
+            rw.client.add(stream.ticket, [{"index": index, "solution_str": f"g{g}-{s}", "ground_truth": g,
+                                           "data_source": "t", "extra_info": {"delay": delay}, "uid": f"g{g}"}])
+            rows_of[index], group_of[index] = ((g, s),), f"g{g}"
+    pending = rw.close_stream(stream, rows_of, group_of)
+    driver = PoolDriver(rw, GROUPS, max_staleness=0, on_stale="wait")
+    driver.add(GeneratedBatch(None, pending, 0, None, 0, positions={f"g{g}": g for g in range(GROUPS)}), born=1,
+               position_of={f"g{g}": g for g in range(GROUPS)})
+    driver.next_step(1, generate_more=lambda: False)
+    latencies = driver.new_latencies()
+    assert len(latencies) == GROUPS and len(pending.latencies) == GROUPS * N
+    assert sorted(latencies)[-1] >= 0.4 > sorted(latencies)[-2]

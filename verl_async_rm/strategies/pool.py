@@ -16,6 +16,15 @@ step b - 1 - k under k steps of lookahead) and is *ready* once the agent scored 
    ate the supply) the caller generates one more batch (``starved``);
 4. a group still waiting is carried into a later step, its staleness growing by one per step.
 
+Supply under ``on_stale=drop`` (``short_of_supply``): each batch replaces one step's worth of
+groups, so every dropped group shrinks the pool for good, and a smaller pool leaves each step fewer
+ready groups to choose from: it waits more (measured: the wait per step grew after two drops). Before
+a step, while the pool holds fewer groups than this step and the lookahead's train on
+(``train_batch_size`` x (1 + lookahead), fewer near the end), one batch more is generated, born at
+the latest step generated for. Two batches born at one step can then leave more ready groups due at
+once than a step trains on: the oldest are trained, the rest dropped (counted), so no sample is ever
+staler than the bound.
+
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
 ``async_reward/staleness``. Carrying a group c steps adds c.
@@ -114,10 +123,20 @@ class GroupPool:
         rest = [g for g in ready if g not in due_ready]
         chosen = (due_ready + rest)[: self.train_groups]
         if len(due_ready) > self.train_groups:
-            raise RuntimeError(
-                f"{len(due_ready)} groups are due at step {step} but a step trains on {self.train_groups}: "
-                "generation ran further ahead than max_staleness allows"
-            )
+            if self.on_stale != "drop":
+                raise RuntimeError(
+                    f"{len(due_ready)} groups are due at step {step} but a step trains on {self.train_groups}: "
+                    "generation ran further ahead than max_staleness allows"
+                )
+            # on_stale=drop with supply batches: more due than a step trains on; the excess cannot
+            # be carried without passing max_staleness, so it is dropped like a late due group
+            excess = due_ready[self.train_groups:]
+            for g in excess:
+                del self.groups[g.key]
+                self.dropped += 1
+            drop = (*drop, *(g.key for g in excess))
+            due_ready = due_ready[: self.train_groups]
+            chosen = due_ready
         if len(chosen) < self.train_groups and self.pending():
             return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
         if len(chosen) < self.train_groups:
@@ -135,6 +154,12 @@ class GroupPool:
         """What a checkpoint must record to resume without losing or repeating a group."""
         return {"groups": [(g.key, g.born, g.order) for g in self._by_age()], "carried": self.carried,
                 "dropped": self.dropped, "order": self._order}
+
+
+def short_of_supply(pool_groups: int, train_groups: int, lookahead: int, steps_left: int) -> bool:
+    """Whether the pool, after this step's regular generation, holds fewer groups than this step and
+    the ``lookahead`` after it train on (``steps_left``: this step and the ones after it)."""
+    return pool_groups < train_groups * max(0, min(1 + lookahead, steps_left))
 
 
 def auto_lookahead(reward_latency_s: float, step_compute_s: float, *, min_steps: int = 0, max_steps: int) -> int:

@@ -30,7 +30,7 @@ class LiveBatch:
     ordinal: int  # batches drawn since the run (or the resume) started
     position_of: dict  # group -> the prompt's position in the drawn batch (stable across a regeneration)
     scored: dict = field(default_factory=dict)  # group -> ScoredRows, harvested, not trained yet
-    latencies_reported: int = 0  # of generated.rewards.latencies, handed to new_latencies() already
+    latencies_reported: int = 0  # of generated.rewards.group_latencies, handed to new_latencies() already
     finished: set = field(default_factory=set)  # prompt positions trained or dropped
 
 
@@ -166,7 +166,7 @@ class PoolDriver:
         keep = []
         for live in self.live:
             if len(live.finished) == len(live.position_of):
-                self._latencies += live.generated.rewards.latencies[live.latencies_reported:]
+                self._latencies += live.generated.rewards.group_latencies[live.latencies_reported:]
                 if live.generated.rewards.remaining:
                     self.rewards.cancel(live.generated.rewards)
             else:
@@ -174,11 +174,12 @@ class PoolDriver:
         self.live = keep
 
     def new_latencies(self) -> list[float]:
-        """Per-sample reward latencies measured since the last call (off_policy_steps=auto)."""
+        """Per-group reward latencies (the slowest member's) measured since the last call
+        (off_policy_steps=auto: a group is usable once its slowest member is scored)."""
         out, self._latencies = self._latencies, []
         for live in self.live:
-            out += live.generated.rewards.latencies[live.latencies_reported:]
-            live.latencies_reported = len(live.generated.rewards.latencies)
+            out += live.generated.rewards.group_latencies[live.latencies_reported:]
+            live.latencies_reported = len(live.generated.rewards.group_latencies)
         return out
 
     # -- checkpoints --------------------------------------------------------------------------------

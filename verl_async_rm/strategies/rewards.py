@@ -47,6 +47,7 @@ class PendingRewards:
     group_of: list[Hashable]  # request -> its group
     timing: RewardTiming
     latencies: list[float] = field(default_factory=list)
+    group_latencies: list[float] = field(default_factory=list)  # per group taken: its slowest member's
     failed: int = 0
     uniform_groups: bool = True  # every group of the batch has the ticket's group size
     strays: int = 0  # samples scored on the ticket whose rows the batch does not have (v1: dropped groups)
@@ -221,6 +222,12 @@ class BatchRewards:
         pending.timing.settled_at.append(pending.timing.submitted_at + chunk.ready_after)
         ours = [p for p, local in enumerate(chunk.indices) if local in ticket.requests]
         pending.latencies += [chunk.latencies[p] for p in ours if chunk.latencies[p] is not None]
+        slowest: dict = {}  # a chunk holds whole groups: a group's latency is its slowest member's
+        for p in ours:
+            if chunk.latencies[p] is not None:
+                group = pending.group_of[ticket.requests[chunk.indices[p]]]
+                slowest[group] = max(slowest.get(group, 0.0), chunk.latencies[p])
+        pending.group_latencies += list(slowest.values())
         ticket.remaining -= len(ours)
         extra = fixed_extra_columns(chunk.scores, chunk.extra_info, self.extra_keys)
         pending.failed += int(sum(extra["reward_failed"][p] for p in ours))

@@ -54,6 +54,7 @@ from verl_async_rm.strategies.plan import (
     shape_from_config,
     strategy_from_mapping,
 )
+from verl_async_rm.strategies.pool import short_of_supply
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
@@ -309,7 +310,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     # -- off_policy_steps=auto ---------------------------------------------------------------------
     def _measure(self, pending: PendingRewards, compute_s: float) -> None:
-        self._measured["latency"] = (self._measured["latency"] + list(pending.latencies))[-4096:]
+        self._measured["latency"] = (self._measured["latency"] + list(pending.group_latencies))[-4096:]
         self._measured["compute"] = (self._measured["compute"] + [max(compute_s, 1e-3)])[-16:]
 
     def _auto_lookahead(self) -> dict:
@@ -342,6 +343,15 @@ class AsyncRewardTrainer(PPOTrainerSync):
             while self._generated_for < min(self.global_steps + self.lookahead.depth, self.total_training_steps):
                 self._generated_for += 1
                 generate(self._generated_for)
+            # on_stale=drop: drops shrank the pool for good; a batch more, born at the latest step
+            # generated for (pool.py, "Supply")
+            steps_left = self.total_training_steps - self.global_steps + 1
+            supply_batches = 0
+            while self.strategy.on_stale == "drop" and short_of_supply(
+                    len(self._pool.pool.groups), self._pool.pool.train_groups, self.lookahead.depth, steps_left):
+                generate(max(self._generated_for, self.global_steps))
+                supply_batches += 1
+            metrics["async_rm/supply_batches"] = supply_batches
             self.on_sample_end()
 
         def generate_more() -> bool:
