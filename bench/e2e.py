@@ -735,8 +735,13 @@ def parse_compute(text: Optional[str]) -> dict[str, float]:
     """"v1=0.8,v0=0.75" -> {"v1": 0.8, "v0": 0.75}."""
     out = {}
     for part in _names(text or ""):
-        trainer, _, value = part.partition("=")
-        out[trainer.strip()] = float(value)
+        trainer, equals, value = part.partition("=")
+        try:
+            out[trainer.strip()] = float(value)
+        except ValueError:
+            raise SystemExit(f"--compute wants trainer=seconds per trainer (e.g. v1=0.86,v0=0.65), got {part!r}") from None
+        if not equals or out[trainer.strip()] <= 0:
+            raise SystemExit(f"--compute wants trainer=seconds per trainer (e.g. v1=0.86,v0=0.65), got {part!r}")
     return out
 
 

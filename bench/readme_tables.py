@@ -32,7 +32,7 @@ E2E_TIMELINE = RESULTS / "e2e_timeline.png"
 E2E_BEGIN = "<!-- e2e tables: python bench/readme_tables.py --write-readme -->"
 E2E_END = "<!-- /e2e tables -->"
 TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
-TIMELINE_MODES = (STOCK, "both", "tail")
+TIMELINE_MODES = (STOCK, "both", "tail", "tail_drop")
 
 
 def tables() -> dict[str, str]:

@@ -92,10 +92,12 @@ STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
 POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_reward_function.path={TOY}",
                    "reward.custom_reward_function.name=compute_score_with_latency",
                    "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0,fail:false}"])
-# The same pool with max_staleness=0 and on_stale=drop: a group not scored by its own step is dropped
-# whenever the step can be filled without it, so drops are the rule here, and the supply batches
-# that refill the pool after them (pool.py, "Supply") run in a real trainer.
-POOL_DROP = dict(flags=[*[f for f in POOL["flags"] if not f.startswith("max_staleness")], "max_staleness=0", "on_stale=drop"])
+# The same pool with max_staleness=0, on_stale=drop and auto lookahead: a group not scored by its own
+# step is dropped whenever the step can be filled without it, so drops are the rule here, and the
+# supply batches that refill the pool (pool.py, "Supply"; auto sizes it beyond v1's one batch ahead
+# for 0-6 s latencies) run in a real trainer.
+POOL_DROP = dict(flags=[*[f for f in POOL["flags"] if not f.startswith(("max_staleness", "off_policy_steps"))],
+                        "off_policy_steps=auto", "max_staleness=0", "on_stale=drop"])
 POOLS = {"pool": POOL, "pool_drop": POOL_DROP}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
@@ -513,7 +515,8 @@ def test_dropping_stale_groups_refills_the_pool_and_trains_each_kept_group_once(
     dropped = values(result, "async_rm/groups_dropped_stale")
     assert dropped == sorted(dropped) and dropped[-1] > 0, dropped  # 0-6 s latency against ~2 s steps
     assert sum(values(result, "async_rm/supply_batches")) > 0
-    assert max(values(result, "async_rm/staleness/max")) <= 1
+    assert max(values(result, "async_rm/supply_steps")) > 1  # the auto rule, unclamped, for the supply
+    assert max(values(result, "async_rm/staleness/max")) <= 1  # one batch ahead (v1) + max_staleness 0
 
 
 def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):

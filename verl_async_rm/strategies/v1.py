@@ -47,6 +47,7 @@ from verl_async_rm.masking import (
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
+    MAX_OFF_POLICY_STEPS,
     V1_MODE,
     UpdateCall,
     check_strategy,
@@ -172,6 +173,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._pool_resume: list = []  # resume: the batches live at the checkpoint ({"born", "trained"})
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
+        self._supply_depth = 0  # the pool under on_stale=drop with auto: batches of supply beyond this step's
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -323,7 +325,15 @@ class AsyncRewardTrainer(PPOTrainerSync):
             print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
                   f"(reward latency p90 vs step compute measured so far)", flush=True)
             self.lookahead.depth = chosen
-        return {"async_rm/off_policy_steps": float(chosen)}
+        # The pool under on_stale=drop may hold more than v1's one batch ahead: supply batches are
+        # born at the latest step generated for (pool.py, "Supply"), so the same rule, unclamped,
+        # sizes the supply it keeps.
+        self._supply_depth = choose_lookahead(self._measured["latency"], self._measured["compute"],
+                                              max_steps=MAX_OFF_POLICY_STEPS)
+        out = {"async_rm/off_policy_steps": float(chosen)}
+        if self.strategy.pooled and self.strategy.on_stale == "drop":
+            out["async_rm/supply_steps"] = float(max(chosen, self._supply_depth))
+        return out
 
     # -- the staleness pool (pooled.py) -----------------------------------------------------------
     def _pooled_step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
@@ -347,8 +357,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
             # generated for (pool.py, "Supply")
             steps_left = self.total_training_steps - self.global_steps + 1
             supply_batches = 0
+            supply_depth = max(self.lookahead.depth, self._supply_depth)
             while self.strategy.on_stale == "drop" and short_of_supply(
-                    len(self._pool.pool.groups), self._pool.pool.train_groups, self.lookahead.depth, steps_left):
+                    len(self._pool.pool.groups), self._pool.pool.train_groups, supply_depth, steps_left):
                 generate(max(self._generated_for, self.global_steps))
                 supply_batches += 1
             metrics["async_rm/supply_batches"] = supply_batches
