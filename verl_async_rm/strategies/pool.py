@@ -23,9 +23,9 @@ a step, while the pool holds fewer groups than this step and the lookahead's tra
 (``train_batch_size`` x (1 + lookahead), fewer near the end), one batch more is generated, born at
 the latest step generated for. With ``off_policy_steps: auto`` that lookahead is the auto rule's,
 unclamped (v1 generates one batch ahead at most, but supply batches are generated within the step):
-a tail longer than a step keeps more groups in the pool, so a step rarely waits for "any" group. Two batches born at one step can then leave more ready groups due at
-once than a step trains on: the oldest are trained, the rest dropped (counted), so no sample is ever
-staler than the bound.
+a tail longer than a step keeps more groups in the pool, so a step rarely waits for "any" group.
+Two batches born at one step can then leave more ready groups due at once than a step trains on: the
+oldest are trained, the rest dropped (counted), so no sample is ever staler than the bound.
 
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
