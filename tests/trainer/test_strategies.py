@@ -456,8 +456,9 @@ def pool_run(tmp_path_factory, assets):
     return directory, train(directory, assets, "v1", "pool")
 
 
-def test_the_pool_trains_whole_groups_each_once_with_their_own_rewards(pool_run):
-    directory, _ = pool_run
+def assert_whole_groups_each_once_with_their_own_rewards(directory: Path) -> None:
+    """Every step of a pool run trains 8 whole groups of 4, none trained in two steps, each sample
+    with its own response's reward."""
     steps = dumped(directory)
     assert sorted(steps) == [1, 2, 3, 4]
     seen: set = set()
@@ -470,6 +471,11 @@ def test_the_pool_trains_whole_groups_each_once_with_their_own_rewards(pool_run)
             assert row["score"] == pytest.approx(score_text(row["output"], row["gts"]), abs=1e-5)
         assert not seen & set(by_group)
         seen |= set(by_group)
+
+
+def test_the_pool_trains_whole_groups_each_once_with_their_own_rewards(pool_run):
+    directory, _ = pool_run
+    assert_whole_groups_each_once_with_their_own_rewards(directory)
 
 
 def test_the_pool_carries_a_straggler_instead_of_waiting_within_the_staleness_bound(pool_run):
@@ -500,18 +506,7 @@ def test_dropping_stale_groups_refills_the_pool_and_trains_each_kept_group_once(
     never trained; the pool is refilled by supply batches so every step still trains 8 whole groups,
     each once, with its own reward, and no sample is staler than off_policy_steps + max_staleness."""
     directory, result = pool_drop_run
-    steps = dumped(directory)
-    assert sorted(steps) == [1, 2, 3, 4]
-    seen: set = set()
-    for rows in steps.values():
-        by_group = defaultdict(list)
-        for row in rows:
-            by_group[row["uid"].rsplit("_", 2)[0]].append(row)
-        assert len(rows) == 32 and len(by_group) == 8 and {len(g) for g in by_group.values()} == {4}
-        for row in rows:
-            assert row["score"] == pytest.approx(score_text(row["output"], row["gts"]), abs=1e-5)
-        assert not seen & set(by_group)
-        seen |= set(by_group)
+    assert_whole_groups_each_once_with_their_own_rewards(directory)
     dropped = values(result, "async_rm/groups_dropped_stale")
     assert dropped == sorted(dropped) and dropped[-1] > 0, dropped  # 0-6 s latency against ~2 s steps
     assert sum(values(result, "async_rm/supply_batches")) > 0
