@@ -136,9 +136,7 @@ class GroupPool:
             for g in excess:
                 del self.groups[g.key]
                 self.dropped += 1
-            drop = (*drop, *(g.key for g in excess))
-            due_ready = due_ready[: self.train_groups]
-            chosen = due_ready
+            drop = (*drop, *(g.key for g in excess))  # ``chosen`` is already the oldest due ones
         if len(chosen) < self.train_groups and self.pending():
             return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
         if len(chosen) < self.train_groups:

@@ -320,19 +320,18 @@ class AsyncRewardTrainer(PPOTrainerSync):
         [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
         if not self.strategy.auto_off_policy:
             return {}
-        chosen = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=1)
+        # The rule unclamped sizes the pool's supply under on_stale=drop (supply batches are born at
+        # the latest step generated for: pool.py, "Supply"); v1's generation-ahead is clamped to 1.
+        self._supply_depth = choose_lookahead(self._measured["latency"], self._measured["compute"],
+                                              max_steps=MAX_OFF_POLICY_STEPS)
+        chosen = min(self._supply_depth, 1)
         if chosen != self.lookahead.depth:
             print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
                   f"(reward latency p90 vs step compute measured so far)", flush=True)
             self.lookahead.depth = chosen
-        # The pool under on_stale=drop may hold more than v1's one batch ahead: supply batches are
-        # born at the latest step generated for (pool.py, "Supply"), so the same rule, unclamped,
-        # sizes the supply it keeps.
-        self._supply_depth = choose_lookahead(self._measured["latency"], self._measured["compute"],
-                                              max_steps=MAX_OFF_POLICY_STEPS)
         out = {"async_rm/off_policy_steps": float(chosen)}
         if self.strategy.pooled and self.strategy.on_stale == "drop":
-            out["async_rm/supply_steps"] = float(max(chosen, self._supply_depth))
+            out["async_rm/supply_steps"] = float(self._supply_depth)
         return out
 
     # -- the staleness pool (pooled.py) -----------------------------------------------------------
