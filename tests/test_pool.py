@@ -11,16 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, short_of_supply
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, short_of_supply, supply_lookahead
 
 pytestmark = pytest.mark.quick
 
 
-def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction, supply=False):
+def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction, supply=False,
+             supply_steps=None):
     """Steps 1..steps; batch b (G groups) is generated for step b, ``lookahead`` steps early; before
     each selection a random part of the pending groups has been scored; a wait scores one more (the
     awaited group, or a random one). ``supply``: the v1 trainer's rule under on_stale=drop, a batch
-    more (born at the latest step generated for) while the pool is ``short_of_supply``."""
+    more (born at the latest step generated for) while the pool is ``short_of_supply`` for
+    ``supply_steps`` of lookahead (default: ``lookahead``)."""
+    supply_steps = lookahead if supply_steps is None else supply_steps
     rng = random.Random(seed)
     pool = GroupPool(groups_per_step, max_staleness, on_stale)
     generated, log, extra, born_of = 0, [], 0, {}
@@ -29,13 +32,13 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
             generated += 1
             pool.add([(generated, i) for i in range(groups_per_step)], born=generated)
             born_of.update({(generated, i): generated for i in range(groups_per_step)})
-        while supply and short_of_supply(len(pool.groups), groups_per_step, lookahead, steps - step + 1):
+        while supply and short_of_supply(len(pool.groups), groups_per_step, supply_steps, steps - step + 1):
             extra += 1
             born = max(generated, step)
             pool.add([(steps + extra, i) for i in range(groups_per_step)], born=born)
             born_of.update({(steps + extra, i): born for i in range(groups_per_step)})
         if supply:
-            assert len(pool.groups) >= groups_per_step * min(1 + lookahead, steps - step + 1)
+            assert len(pool.groups) >= groups_per_step * min(1 + supply_steps, steps - step + 1)
         for key in pool.pending():
             if rng.random() < ready_fraction:
                 pool.scored(key)
@@ -121,6 +124,21 @@ def test_more_ready_groups_due_than_a_step_trains_on_drop_the_excess_oldest_kept
         waiting.scored(key)
     with pytest.raises(RuntimeError, match="max_staleness"):
         waiting.select(2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(g=st.integers(1, 5), steps=st.integers(1, 12), ahead=st.integers(0, 2), s=st.integers(0, 3),
+       rule=st.integers(0, 8), seed=st.integers(0, 10**6))
+def test_a_supply_within_the_staleness_bound_drops_nothing_when_every_score_is_in(g, steps, ahead, s, rule, seed):
+    """Every score in before each step: a pool supplied for ``supply_lookahead`` steps (whatever the
+    auto rule says) trains every group in time, none dropped, and every step is full. One step
+    deeper than the bound, the surplus is dropped (the heavy-tail benchmark lost a batch a run so)."""
+    depth = supply_lookahead(rule, ahead, s)
+    assert depth <= rule and depth <= ahead + s
+    pool, log, extra, _ = simulate(g, steps, ahead, s, "drop", seed, 1.0, supply=True, supply_steps=depth)
+    assert pool.dropped == 0 and all(len(entry["take"]) == g for entry in log)
+    deeper, *_ = simulate(4, 10, 1, 2, "drop", seed, 1.0, supply=True, supply_steps=supply_lookahead(9, 1, 2) + 1)
+    assert deeper.dropped > 0
 
 
 @pytest.mark.parametrize("pool_groups, k, left, short", [(15, 1, 10, True), (16, 1, 10, False), (8, 1, 1, False),

@@ -21,11 +21,13 @@ groups, so every dropped group shrinks the pool for good, and a smaller pool lea
 ready groups to choose from: it waits more (measured: the wait per step grew after two drops). Before
 a step, while the pool holds fewer groups than this step and the lookahead's train on
 (``train_batch_size`` x (1 + lookahead), fewer near the end), one batch more is generated, born at
-the latest step generated for. With ``off_policy_steps: auto`` that lookahead is the auto rule's,
-unclamped (v1 generates one batch ahead at most, but supply batches are generated within the step):
-a tail longer than a step keeps more groups in the pool, so a step rarely waits for "any" group.
-Two batches born at one step can then leave more ready groups due at once than a step trains on: the
-oldest are trained, the rest dropped (counted), so no sample is ever staler than the bound.
+the latest step generated for. With ``off_policy_steps: auto`` that lookahead is the auto rule's
+without v1's one-batch clamp (supply batches are generated within the step), but no deeper than the
+staleness bound lets the pool's groups be trained in time (``supply_lookahead``): a tail longer than
+a step keeps more groups in the pool, so a step rarely waits for "any" group. Two batches born at one
+step can still leave more ready groups due at once than a step trains on (younger ready groups
+filled the steps before while they were out): the oldest are trained, the rest dropped (counted), so no sample is ever staler than
+the bound.
 
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
@@ -160,6 +162,20 @@ def short_of_supply(pool_groups: int, train_groups: int, lookahead: int, steps_l
     """Whether the pool, after this step's regular generation, holds fewer groups than this step and
     the ``lookahead`` after it train on (``steps_left``: this step and the ones after it)."""
     return pool_groups < train_groups * max(0, min(1 + lookahead, steps_left))
+
+
+def supply_lookahead(rule_steps: int, ahead: int, max_staleness: int) -> int:
+    """How many steps past this one the supply fills the pool for: the auto rule's ``rule_steps``, at
+    most ``ahead + max_staleness`` (``ahead``: the batches generation runs ahead, v1: 0 or 1).
+
+    Supply batches are born at the latest step generated for, L = this step + ``ahead``; a group born
+    at L must be trained by step L + ``max_staleness``, so the steps from this one to then train
+    ``ahead + max_staleness + 1`` steps' worth of groups: a pool filled for more holds groups that
+    can never be trained in time, and with every score in they are dropped (seen in the heavy-tail
+    benchmark: a whole batch per run at lookahead 4 with max_staleness 2). In a model of the pool
+    (lognormal latency, p99 of 2.5 and 5 step computes, 10 and 50 steps) a deeper supply was slower
+    in every case but one (max_staleness 0 at p99 = 5 computes)."""
+    return max(0, min(rule_steps, ahead + max_staleness))
 
 
 def auto_lookahead(reward_latency_s: float, step_compute_s: float, *, min_steps: int = 0, max_steps: int) -> int:

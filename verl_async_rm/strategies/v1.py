@@ -55,7 +55,7 @@ from verl_async_rm.strategies.plan import (
     shape_from_config,
     strategy_from_mapping,
 )
-from verl_async_rm.strategies.pool import short_of_supply
+from verl_async_rm.strategies.pool import short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
@@ -291,8 +291,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
                               positions=dict(self._last_positions))
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        # off_policy_steps=auto: a batch generated k steps ahead has k whole steps (generation and
+        # training) for its rewards, so the step compute it is weighed against includes generation
+        step_started = time.monotonic()
         if self.strategy.pooled:
-            batch = self._pooled_step(metrics, timing_raw)
+            batch = self._pooled_step(metrics, timing_raw, step_started)
         else:
             with marked_timer("gen", timing_raw, color="red"):
                 self.on_sample_begin()
@@ -302,9 +305,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
             stale = self.global_steps - 1 - current.weights_step
             tq.kv_batch_put(keys=current.batch.keys, partition_id=current.batch.partition_id,
                             fields=tu.get_tensordict({STALENESS_FIELD: torch.full((len(current.batch),), stale, dtype=torch.int64)}))
-            started = time.monotonic()
             batch = self._train_on(current, metrics, timing_raw)
-            self._measure(current.rewards, time.monotonic() - started - current.rewards.timing.blocked)
+            self._measure(current.rewards, time.monotonic() - step_started - current.rewards.timing.blocked)
             metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
         metrics.update(self._auto_lookahead())
         metrics["async_reward/wall_clock"] = time.time()
@@ -320,11 +322,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
         [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
         if not self.strategy.auto_off_policy:
             return {}
-        # The rule unclamped sizes the pool's supply under on_stale=drop (supply batches are born at
-        # the latest step generated for: pool.py, "Supply"); v1's generation-ahead is clamped to 1.
-        self._supply_depth = choose_lookahead(self._measured["latency"], self._measured["compute"],
-                                              max_steps=MAX_OFF_POLICY_STEPS)
-        chosen = min(self._supply_depth, 1)
+        # v1's generation-ahead is clamped to 1; the pool's supply under on_stale=drop is not, but no
+        # deeper than the staleness bound lets its groups be trained in time (pool.py, "Supply")
+        rule = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=MAX_OFF_POLICY_STEPS)
+        chosen = min(rule, 1)
+        self._supply_depth = supply_lookahead(rule, chosen, self.strategy.max_staleness)
         if chosen != self.lookahead.depth:
             print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
                   f"(reward latency p90 vs step compute measured so far)", flush=True)
@@ -335,7 +337,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         return out
 
     # -- the staleness pool (pooled.py) -----------------------------------------------------------
-    def _pooled_step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+    def _pooled_step(self, metrics: dict, timing_raw: dict, step_started: float) -> KVBatchMeta:
         def generate(born: int) -> None:
             generated = self._generate(metrics)
             self._pool.add(generated, born=born, position_of=generated.positions)
@@ -389,10 +391,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
                             extra_info={"temperature": self.config.actor_rollout_ref.rollout.temperature})
         staleness = torch.tensor([chosen.staleness_of_row[k] for k in chosen.rows], dtype=torch.int64)
         tq.kv_batch_put(keys=batch.keys, partition_id="train", fields=tu.get_tensordict({STALENESS_FIELD: staleness}))
-        started = time.monotonic()
         batch = self._train_on(GeneratedBatch(batch, None, 0, None, self.global_steps - 1), metrics, timing_raw,
                                scored=chosen.scored)
-        compute = time.monotonic() - started
+        compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
         self._measured["latency"] = (self._measured["latency"] + self._pool.new_latencies())[-4096:]
         metrics.update(chosen.metrics)
