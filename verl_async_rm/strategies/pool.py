@@ -26,8 +26,8 @@ without v1's one-batch clamp (supply batches are generated within the step), but
 staleness bound lets the pool's groups be trained in time (``supply_lookahead``): a tail longer than
 a step keeps more groups in the pool, so a step rarely waits for "any" group. Two batches born at one
 step can still leave more ready groups due at once than a step trains on (younger ready groups
-filled the steps before while they were out): the oldest are trained, the rest dropped (counted), so no sample is ever staler than
-the bound.
+filled the steps before while they were out): the oldest are trained, the rest dropped (counted),
+so no sample is ever staler than the bound.
 
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
