@@ -132,8 +132,16 @@ def score_command(tmp_path: Path, server: JudgeServer, out: str, *extra: str) ->
             "--set", "verdict_log_fsync_s=0", "--output", str(tmp_path / out), *extra]
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt. A suite started as a background job (``cmd &`` in a script, as CI may run
+    it) ignores SIGINT, the child inherits that, and Python then leaves Ctrl-C ignored: the "killed"
+    run would score to the end (it did, in CI)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_until_logged(command: list[str], log: Path, lines: int, sig: int) -> int:
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and log.read_bytes().count(b"\n") >= lines):
