@@ -141,7 +141,8 @@ def ctrl_c_as_at_a_terminal() -> None:
 
 
 def run_until_logged(command: list[str], log: Path, lines: int, sig: int) -> int:
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ctrl_c_as_at_a_terminal)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=ctrl_c_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not (log.exists() and log.read_bytes().count(b"\n") >= lines):

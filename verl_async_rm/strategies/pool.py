@@ -171,10 +171,11 @@ def supply_lookahead(rule_steps: int, ahead: int, max_staleness: int) -> int:
     Supply batches are born at the latest step generated for, L = this step + ``ahead``; a group born
     at L must be trained by step L + ``max_staleness``, so the steps from this one to then train
     ``ahead + max_staleness + 1`` steps' worth of groups: a pool filled for more holds groups that
-    can never be trained in time, and with every score in they are dropped (seen in the heavy-tail
-    benchmark: a whole batch per run at lookahead 4 with max_staleness 2). In a model of the pool
-    (lognormal latency, p99 of 2.5 and 5 step computes, 10 and 50 steps) a deeper supply was slower
-    in every case but one (max_staleness 0 at p99 = 5 computes)."""
+    can never be trained in time, and with every score in they are dropped (tests/test_pool.py; the
+    3-seed heavy-tail benchmark before this cap, bench/results/e2e.json at 06e6690, dropped 8-10
+    groups a run at lookahead 4 with max_staleness 2). In a scratch discrete-event model of the pool
+    (lognormal latency, p99 of 2.5 and 5 step computes) a deeper supply was also slower in every
+    case tried but one (max_staleness 0 at p99 = 5 computes)."""
     return max(0, min(rule_steps, ahead + max_staleness))
 
 
