@@ -24,7 +24,9 @@ the same failures, paired. The done-when goals are printed as PASS/FAIL with the
 the same-mode bound.
 
 Fairness: every mode of a (trainer, seed) gets the same model, data, judge draws (hashed per
-response and seed) and settings (agent concurrency, the v1 sampler's poll interval, the deadline);
+response and seed), sampling draws (the CPU rollout's paired draws: a prompt's samples come from
+generators seeded by the prompt, so a strategy generating a step ahead draws what the baseline
+draws; its learning gap is the strategy's, not sampling luck) and settings (agent concurrency, the v1 sampler's poll interval, the deadline);
 each run starts its own Ray cluster the same way; run order is shuffled within a (trainer, seed)
 block, so drift on the shared machine does not favour one mode (the calibration run goes first).
 
@@ -275,6 +277,13 @@ def decode_env() -> Optional[str]:
     return getattr(names, "DECODE_S_ENV", None)
 
 
+def paired_draws_env() -> Optional[str]:
+    """The CPU rollout's paired-draws switch (common random numbers across modes), or None before it."""
+    from verl_async_rm.cpu_backend import names
+
+    return getattr(names, "PAIRED_DRAWS_ENV", None)
+
+
 @dataclass
 class Job:
     """A run to execute now, with everything it needs."""
@@ -302,6 +311,11 @@ def run_config(job: Job, steps: int, start_gate: bool = False):
     env = {judge_log_env(): str(Path(job.run_dir).absolute() / JUDGE_LOG)} if judge_log_env() else {}
     if job.settings["decode_s"]:
         env[decode_env()] = str(job.settings["decode_s"])
+    if paired_draws_env():
+        # Every mode of a seed samples the same random numbers for the same prompt (batched as
+        # usual, so the compute is unchanged): the learning gaps are paired on the draws, not only
+        # on the seed (issue 14: unpaired, two identical schedules differed by up to 0.11).
+        env[paired_draws_env()] = "1"
     # As the demo starts its runs: Ray's two prestarted workers per cluster are never used by verl.
     env["RAY_prestart_worker_first_driver"] = "0"
     return CPURunConfig(

@@ -147,3 +147,53 @@ def test_a_batch_delivers_each_row_as_it_finishes(model_dir, monkeypatch):
     assert done[0][0] < done[-1][0]
     # the shortest response was answered well before the longest (same batch, 20 ms per token)
     assert done[-1][1] - done[0][1] >= 0.02 * (done[-1][0] - done[0][0]) * 0.5
+
+
+def test_paired_draws_give_two_runs_the_same_samples_for_the_same_prompt(model_dir, monkeypatch):
+    """The e2e benchmark's common random numbers (PAIRED_DRAWS_ENV): a request's draws depend on
+    its prompt and how often that prompt was sampled, not on the weight version, the request id,
+    the arrival order or the batch; requests are still batched; and two runs whose weights differ
+    a little (a strategy's policy lag) mostly sample the same responses, where unpaired runs don't."""
+    import torch
+
+    from verl_async_rm.cpu_backend import rollout
+    from verl_async_rm.cpu_backend.names import PAIRED_DRAWS_ENV
+
+    batch_sizes = []
+    real_sample_batch = rollout.sample_batch
+
+    def recording(model, prompts, *args, **kwargs):
+        batch_sizes.append(len(prompts))
+        return real_sample_batch(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(rollout, "sample_batch", recording)
+    order = list(range(12))  # 4 samples of each of the 3 prompts, as a GRPO group
+
+    async def run(version: int, order: list[int], ids: list[str], nudge: float = 0.0) -> dict[int, list]:
+        srv = server(model_dir)
+        await srv.set_global_steps(version)
+        if nudge:
+            with torch.no_grad():
+                for p in srv.model.parameters():
+                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * nudge)
+        out = await generate_all(srv, order, ids)
+        by_prompt: dict[int, list] = {}
+        for i in order:
+            by_prompt.setdefault(i % len(PROMPTS), []).append(tuple(out[ids[i]]))
+        return {k: sorted(v) for k, v in by_prompt.items()}
+
+    def shared(a: dict, b: dict) -> float:
+        return sum(len(set(a[k]) & set(b[k])) for k in a) / len(order)
+
+    monkeypatch.setenv(PAIRED_DRAWS_ENV, "1")
+    ids = [f"req-{i}" for i in range(12)]
+    first = asyncio.run(run(3, order, ids))
+    assert max(batch_sizes) > 1  # batched as usual, not one by one as det- requests
+    other_ids = [f"other-{i}" for i in range(12)]
+    assert asyncio.run(run(5, random.Random(2).sample(order, 12), other_ids)) == first
+    assert len({s for v in first.values() for s in v}) > 6  # and a group's members still differ
+    paired_lag = shared(first, asyncio.run(run(3, order, ids, nudge=1e-3)))
+    monkeypatch.delenv(PAIRED_DRAWS_ENV)
+    unpaired = asyncio.run(run(3, order, ids))
+    unpaired_lag = shared(unpaired, asyncio.run(run(3, random.Random(3).sample(order, 12), ids, nudge=1e-3)))
+    assert paired_lag >= 0.75 and unpaired_lag <= 0.25, (paired_lag, unpaired_lag)

@@ -9,6 +9,12 @@ REPLICA_LOG_ENV = "VERL_ASYNC_RM_CPU_REPLICA_LOG"
 # Seconds of simulated decode time per generated token (a GPU's), so that responses of different
 # lengths finish at different times as on real hardware (default 0: the tiny model's own speed).
 DECODE_S_ENV = "VERL_ASYNC_RM_CPU_DECODE_S"
+# When set ("1"), every sampled request draws its tokens and length from a generator of its own,
+# seeded by (seed, prompt, sampling parameters, how often this server sampled that prompt), and is
+# still batched with the others. Two runs that sample the same prompt then draw the same random
+# numbers whatever their weights, timing or batch composition (common random numbers), so a
+# benchmark's paired learning comparison measures the strategy rather than two sampling draws.
+PAIRED_DRAWS_ENV = "VERL_ASYNC_RM_CPU_PAIRED_DRAWS"
 ADAPTER_FQN = "verl_async_rm.cpu_backend.rollout.HFServerAdapter"
 
 

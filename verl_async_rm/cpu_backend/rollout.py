@@ -13,6 +13,13 @@ three pieces verl expects of a rollout backend:
 * Determinism: with verl's ``rollout.full_determinism`` the agent loops name requests
   ``det-{row}``; such a request is sampled alone, from a generator seeded by (seed, weight version,
   request id, its occurrence), so a run reproduces whatever order requests arrive in.
+* Paired draws (``PAIRED_DRAWS_ENV``, for benchmarks): every sampled request gets a generator
+  seeded by its content (seed, prompt, sampling parameters, how often this server sampled that
+  prompt), not by the weight version, and is batched with the others as usual (each row samples
+  from its own generator). Two runs of different strategies then draw the same random numbers for
+  the same prompt, even when one generates it a step ahead with older weights, so their learning
+  curves differ by what the strategy changed, not by sampling luck (common random numbers).
+  Not bit-exact across batch compositions (a padded batch's numerics differ in the last bits).
 * Lengths and finishing times vary per request, as real decoding's do: each request stops after a
   length drawn in [``MIN_LENGTH_FRACTION`` x its max tokens, its max tokens] (deterministic: from
   the request's own seed, or the server's seeded stream), and each row's answer is delivered the
@@ -43,7 +50,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
-from .names import DECODE_S_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
+from .names import DECODE_S_ENV, NO_WEIGHT_SYNC_ENV, PAIRED_DRAWS_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
 
 logger = logging.getLogger(__name__)
 # A request stops after a drawn length in [this fraction of its max tokens, its max tokens]: real
@@ -92,7 +99,7 @@ def sample_batch(
     top_k: int,
     eos_ids: set[int],
     ignore_eos: bool,
-    generator: torch.Generator,
+    generator: "torch.Generator | list[torch.Generator]",
     pad_id: int,
     on_done=None,
     decode_s: float = 0.0,
@@ -100,6 +107,8 @@ def sample_batch(
     """Batched autoregressive sampling (left-padded, KV cache); per prompt (ids, log_probs, finish).
     ``on_done(i, result)`` is called as soon as row i finishes (the others keep decoding);
     ``decode_s`` seconds are slept per decoding step (a simulated accelerator's token time).
+    ``generator``: one for the batch, or one per row (each row's t-th token is then its own
+    generator's t-th draw, whatever else is in the batch).
 
     Log-probs are of the processed distribution (temperature, top-k/p), like vLLM's
     ``processed_logprobs``; the trainer recomputes ``log_softmax(logits / temperature)``, so with
@@ -125,7 +134,11 @@ def sample_batch(
         if temperature and temperature > 0:
             logits = _filter_logits(logits / temperature, top_k, top_p)
             logp = torch.log_softmax(logits, dim=-1)
-            tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            probs = logp.exp()
+            if isinstance(generator, list):
+                tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
+            else:
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:  # greedy (validation)
             logp = torch.log_softmax(logits, dim=-1)
             tokens = torch.argmax(logits, dim=-1)
@@ -194,8 +207,8 @@ class HFCPUServer:
         self.weight_updates = 0
         self._lock = asyncio.Lock()
         self._warned_keys: set[str] = set()
-        # (batch key, prompt ids, max tokens, answer, own generator or None)
-        self._queue: list[tuple[tuple, list[int], int, asyncio.Future, Optional[torch.Generator]]] = []
+        # (batch key, prompt ids, max tokens, answer, own generator or None, sampled alone)
+        self._queue: list[tuple[tuple, list[int], int, asyncio.Future, Optional[torch.Generator], bool]] = []
         self._drainer: Optional[asyncio.Task] = None
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.seed = int(config.seed)
@@ -203,6 +216,8 @@ class HFCPUServer:
         self.sleeps_since_update = 0
         self._occurrences: dict[tuple, int] = {}
         self._length_rng = random.Random(self.seed * 1000 + replica_rank)  # lengths of non-deterministic requests
+        self.paired_draws = os.environ.get(PAIRED_DRAWS_ENV) == "1"
+        self._prompt_draws: dict[tuple, int] = {}  # paired draws: (prompt, sampling key) -> times sampled
         self.decode_s = float(os.environ.get(DECODE_S_ENV) or 0.0)
         self._log_path = os.environ.get(REPLICA_LOG_ENV) or None
 
@@ -214,20 +229,30 @@ class HFCPUServer:
         with open(self._log_path, "a") as f:
             f.write(json.dumps(entry) + "\n")
 
-    def _request_generator(self, request_id: str, key: tuple) -> tuple[Optional[torch.Generator], random.Random]:
-        """verl's deterministic request ids (``det-{row}``): a generator of their own, seeded by
-        the weight version, the id and how often this id was sampled with these parameters at this
+    def _request_generator(
+        self, request_id: str, key: tuple, prompt_ids: list[int]
+    ) -> tuple[Optional[torch.Generator], random.Random, bool]:
+        """(generator, length stream, sampled alone) of a request.
+
+        verl's deterministic request ids (``det-{row}``): a generator of their own, seeded by the
+        weight version, the id and how often this id was sampled with these parameters at this
         version (off-policy generates twice per version; multi-turn loops reuse the id per turn),
-        and the stream its length is drawn from (another part of the same digest). Other requests:
-        no generator (the server's) and the server's length stream."""
-        if not str(request_id).startswith("det-"):
-            return None, self._length_rng
-        slot = (self.global_steps, str(request_id), key)
-        occurrence = self._occurrences.get(slot, 0)
-        self._occurrences[slot] = occurrence + 1
+        and the stream its length is drawn from (another part of the same digest); sampled alone.
+        Paired draws: seeded by the prompt and how often it was sampled (its GRPO group's members
+        are exchangeable, so their arrival order does not matter); batched. Other requests: the
+        server's generator and length stream."""
+        if str(request_id).startswith("det-"):
+            slot: tuple = (self.global_steps, str(request_id), key)
+            counts, alone = self._occurrences, True
+        elif self.paired_draws:
+            slot, counts, alone = (tuple(prompt_ids), key), self._prompt_draws, False
+        else:
+            return None, self._length_rng, False
+        occurrence = counts.get(slot, 0)
+        counts[slot] = occurrence + 1
         digest = hashlib.sha256(f"{self.seed}|{slot}|{occurrence}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") & ((1 << 63) - 1))
-        return generator, random.Random(int.from_bytes(digest[8:16], "big"))
+        return generator, random.Random(int.from_bytes(digest[8:16], "big")), alone
 
     # -- generation ---------------------------------------------------------------------------------
     def _max_tokens(self, prompt_len: int, sampling_params: dict) -> int:
@@ -269,12 +294,12 @@ class HFCPUServer:
                 "a GPU engine would have freed its weights or KV cache"
             )
         key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
-        own, lengths = self._request_generator(request_id, key)
+        own, lengths, alone = self._request_generator(request_id, key, [int(t) for t in prompt_ids])
         # A deterministic request is batched alone: its own generator, and no padding from others.
-        batch_key = (key, request_id) if own is not None else key
+        batch_key = (key, request_id) if alone else key
         future = asyncio.get_running_loop().create_future()
         length = drawn_length(self._max_tokens(len(prompt_ids), params), lengths)
-        self._queue.append((batch_key, [int(t) for t in prompt_ids], length, future, own))
+        self._queue.append((batch_key, [int(t) for t in prompt_ids], length, future, own, alone))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         ids, lps, finish, version = await future
@@ -290,12 +315,15 @@ class HFCPUServer:
         while self._queue:
             await asyncio.sleep(self.BATCH_WINDOW_S)
             key = self._queue[0][0]
-            deterministic = self._queue[0][4] is not None
-            limit = 1 if deterministic else max(1, int(self.config.max_num_seqs))
+            alone = self._queue[0][5]
+            limit = 1 if alone else max(1, int(self.config.max_num_seqs))
             batch = [item for item in self._queue if item[0] == key][:limit]
             self._queue = [item for item in self._queue if not any(item is b for b in batch)]
-            temperature, top_p, top_k = key[0] if deterministic else key
-            generator = batch[0][4] if deterministic else self.generator
+            temperature, top_p, top_k = key[0] if alone else key
+            if alone:
+                generator = batch[0][4]
+            else:  # paired draws: every row samples from its own generator
+                generator = [b[4] for b in batch] if self.paired_draws else self.generator
             loop = asyncio.get_running_loop()
             try:
                 async with self._lock:
