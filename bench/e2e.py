@@ -65,6 +65,15 @@ from verl_async_rm.demo import SHAPE, ModeResult, summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FINAL_STEPS = 3  # first/final toy reward = mean batch reward over the first/last 3 steps
+# Learning is judged on the policy after the last update, on the 16 held-out prompts, sampled
+# VAL_SAMPLES times each at the training temperature (verl's validation before training and after
+# the last step; outside the step timer, so loop times are unaffected). The training batches' reward
+# is reported too, but a strategy generating a step ahead trains at step t on what the policy of
+# step t-2 sampled, so at equal steps its batch reward lags the baseline's by construction.
+VAL_SAMPLES = 4
+VALIDATION = ["actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+              "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"actor_rollout_ref.rollout.val_kwargs.n={VAL_SAMPLES}"]
+VAL_KEY_SUFFIX = f"/acc/mean@{VAL_SAMPLES}"  # verl's val-core/<data source>/acc/mean@N
 STOCK = "baseline"
 # The done-when goals, judged on medians over seeds against the same-mode bound.
 GOAL_BOTH_HIDDEN = 0.95  # `both` where the latency tail <= step compute
@@ -234,7 +243,8 @@ def source_fingerprint() -> str:
 def run_settings(run: Run, compute_s: float, decode_s: float) -> dict:
     """Everything that decides what a run measures (its cache key is a digest of this)."""
     regime = REGIMES[run.regime]
-    return {"judge": regime.judge(compute_s, run.seed), "overrides": [*SHAPE, *MODES[run.mode], *AGENT, *regime.agent(compute_s)],
+    return {"judge": regime.judge(compute_s, run.seed),
+            "overrides": [*SHAPE, *VALIDATION, *MODES[run.mode], *AGENT, *regime.agent(compute_s)],
             "decode_s": decode_s}
 
 
@@ -247,7 +257,7 @@ def run_key(run: Run, steps: int, settings: dict, fingerprint: str) -> str:
 # one run
 # ------------------------------------------------------------------------------------------------
 
-EXTRA_PREFIXES = ("async_rm/", "async_reward/")
+EXTRA_PREFIXES = ("async_rm/", "async_reward/", "val-core/")
 
 
 def extra_series(metrics: list[dict]) -> dict[str, list[float]]:
@@ -322,7 +332,7 @@ def run_config(job: Job, steps: int, start_gate: bool = False):
         out_dir=str(job.run_dir), trainer=job.run.trainer, steps=steps, seed=job.run.seed, entry_module="verl_async_rm.main_ppo",
         model_dir=job.assets.model_dir, train_file=job.assets.train_file, val_file=job.assets.val_file, val_before_train=True,
         reward_path=toy_reward_path(), reward_name="compute_score_with_latency", reward_kwargs=job.settings["judge"],
-        reward_manager="async_agent", timeout_s=1800, v1_poll_interval_s=V1_POLL_S,
+        reward_manager="async_agent", timeout_s=1800, v1_poll_interval_s=V1_POLL_S, test_freq=steps,  # + after the last step
         extra_env=env, extra_overrides=job.settings["overrides"], **gate,
     )
 
@@ -419,8 +429,15 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
             trainer.close()
 
 
+def validation_rewards(extra: dict) -> tuple[Optional[float], Optional[float]]:
+    """(before training, after the last step): the held-out reward, or None where it was not run."""
+    values = next((v for k, v in extra.items() if k.startswith("val-core/") and k.endswith(VAL_KEY_SUFFIX)), [])
+    return (values[0] if values else None), (values[-1] if len(values) > 1 else None)
+
+
 def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
     summary, extra = outcome.summary, outcome.extra
+    val_first, val_final = validation_rewards(extra)
 
     def last(key, how):
         values = extra.get(key)
@@ -432,6 +449,7 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         "blocked_per_step_s": float(np.mean(summary.blocked)) if summary.blocked else None,
         "final_reward": float(np.mean(summary.scores[-FINAL_STEPS:])),
         "first_reward": float(np.mean(summary.scores[:FINAL_STEPS])),
+        "val_first": val_first, "val_final": val_final,
         # the trainer branch's staleness pool (None until it is merged, and for the stock trainer)
         "staleness_mean": last("async_rm/staleness/mean", lambda v: float(np.mean(v))),
         "staleness_max": last("async_rm/staleness/max", max),
@@ -525,9 +543,11 @@ def learning_label(record: dict) -> str:
 
 
 def learning_table(records: list[dict]) -> list[dict]:
-    """Per (trainer, run label): the final toy reward, and its difference to the same seed's stock
-    baseline in the same regime (a failure regime: its learning_baseline regime, without failures),
-    paired by (seed, regime), with a 95% t-interval; worse beyond noise = the interval below 0."""
+    """Per (trainer, run label): the held-out reward after the last step (``val_final``) and the
+    training batches' reward over the last steps (``final_reward``), each with its difference to the
+    same seed's stock baseline in the same regime (a failure regime: its learning_baseline regime,
+    without failures), paired by (seed, regime), with a 95% t-interval. Worse beyond noise = the
+    held-out interval below 0 (the batch reward's where no held-out reward was measured)."""
     at = _index(records)
     rows = []
     for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
@@ -535,34 +555,45 @@ def learning_table(records: list[dict]) -> list[dict]:
         labels = _ordered((learning_label(r) for r in mine), list(MODES))
         for label in labels:
             cell = [r for r in mine if learning_label(r) == label]
-            diffs = []
+            diffs: dict[str, list[float]] = {"final_reward": [], "val_final": []}
             for r in cell:
                 base = at.get((trainer, r["seed"], REGIMES[r["regime"]].learning_baseline or r["regime"], STOCK))
                 if base is not None and base is not r:
-                    diffs.append(r["final_reward"] - base["final_reward"])
-            interval = paired_interval(diffs)
+                    for key, out in diffs.items():
+                        if r.get(key) is not None and base.get(key) is not None:
+                            out.append(r[key] - base[key])
+            batch, held_out = paired_interval(diffs["final_reward"]), paired_interval(diffs["val_final"])
+            judged = held_out or batch
             rows.append({
                 "trainer": trainer, "run": label,
                 "first_reward": spread([r["first_reward"] for r in cell]),
                 "final_reward": spread([r["final_reward"] for r in cell]),
-                "final_minus_baseline": interval,
-                "worse_beyond_noise": None if interval is None else interval["high"] < 0,
+                "final_minus_baseline": batch,
+                "val_final": spread([r.get("val_final") for r in cell]),
+                "val_minus_baseline": held_out,
+                "judged_on": "held-out" if held_out else "batch",
+                "worse_beyond_noise": None if judged is None else judged["high"] < 0,
             })
     return rows
 
 
 def paired_comparison(records: list[dict], better: str, than: str) -> list[dict]:
-    """``better`` minus ``than`` (final toy reward) per trainer, paired by (seed, regime) where both ran."""
+    """``better`` minus ``than`` per trainer, paired by (seed, regime) where both ran: on the held-out
+    reward after the last step where every pair has it, else on the training batches' final reward."""
     at = _index(records)
     rows = []
     for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
-        diffs = [r["final_reward"] - at[trainer, r["seed"], r["regime"], than]["final_reward"]
-                 for r in records if r["trainer"] == trainer and r["mode"] == better
-                 and (trainer, r["seed"], r["regime"], than) in at]
-        if diffs:
-            interval = paired_interval(diffs)
-            rows.append({"trainer": trainer, "comparison": f"{better} - {than}", "diffs": [round(d, 4) for d in diffs],
-                         "interval": interval, "worse_beyond_noise": None if interval is None else interval["high"] < 0})
+        pairs = [(r, at[trainer, r["seed"], r["regime"], than]) for r in records
+                 if r["trainer"] == trainer and r["mode"] == better and (trainer, r["seed"], r["regime"], than) in at]
+        if not pairs:
+            continue
+        key = "val_final" if all(a.get("val_final") is not None and b.get("val_final") is not None for a, b in pairs) \
+            else "final_reward"
+        diffs = [a[key] - b[key] for a, b in pairs]
+        interval = paired_interval(diffs)
+        rows.append({"trainer": trainer, "comparison": f"{better} - {than}", "diffs": [round(d, 4) for d in diffs],
+                     "judged_on": "held-out" if key == "val_final" else "batch",
+                     "interval": interval, "worse_beyond_noise": None if interval is None else interval["high"] < 0})
     return rows
 
 
@@ -594,9 +625,9 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
         out.append({"trainer": trainer, "goal": "strategies never slower than stock (median paired reduction >= 0 in every regime)",
                     "threshold": 0.0, "figure": worst and {"regime": worst[0], "mode": worst[1], **worst[2]},
                     "pass": None if not slower else all(s[2]["median"] >= 0 for s in slower)})
-        mine = [row for row in learning if row["trainer"] == trainer and row["final_minus_baseline"]]
+        mine = [row for row in learning if row["trainer"] == trainer and (row["val_minus_baseline"] or row["final_minus_baseline"])]
         out.append({"trainer": trainer, "goal": "learning: no run worse than the stock baseline beyond seed noise",
-                    "threshold": 0.0, "figure": {row["run"]: row["final_minus_baseline"] for row in mine},
+                    "threshold": 0.0, "figure": {row["run"]: row["val_minus_baseline"] or row["final_minus_baseline"] for row in mine},
                     "pass": None if not mine else not any(row["worse_beyond_noise"] for row in mine)})
         for comp in (c for c in comparisons if c["trainer"] == trainer):
             out.append({"trainer": trainer, "goal": f"{comp['comparison']} >= 0 within noise (same failures, paired)",
@@ -663,14 +694,19 @@ def markdown(report: dict) -> str:
                      f"| {_fmt(row['loop_time_s'])} | {_fmt(row['reduction_vs_baseline'], True)} "
                      f"| {_fmt(row['hidden_vs_stock_bound'], True)} | {_fmt(row['hidden_vs_same_mode_bound'], True)} "
                      f"| {_fmt(row['blocked_on_rewards_per_step_s'])} | {stale} |")
-    lines += ["", "| trainer | run | toy reward, last 3 steps | minus the stock baseline's (paired, 95% interval) | worse beyond noise |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| trainer | run | held-out reward after the last step | minus the stock baseline's (paired, 95% interval) "
+              "| training batches' reward, last 3 steps | minus the stock baseline's | worse beyond noise (held-out) |",
+              "|---|---|---|---|---|---|---|"]
     for row in report["learning"]:
         worse = {None: "—", True: "**yes**", False: "no"}[row["worse_beyond_noise"]]
-        lines.append(f"| {row['trainer']} | {row['run']} | {_fmt(row['final_reward'])} | {_fmt_interval(row['final_minus_baseline'])} | {worse} |")
+        lines.append(f"| {row['trainer']} | {row['run']} | {_fmt(row.get('val_final'))} | {_fmt_interval(row.get('val_minus_baseline'))} "
+                     f"| {_fmt(row['final_reward'])} | {_fmt_interval(row['final_minus_baseline'])} | {worse} |")
     for comp in report["comparisons"]:
         worse = {None: "—", True: "**yes**", False: "no"}[comp["worse_beyond_noise"]]
-        lines.append(f"| {comp['trainer']} | {comp['comparison']} (same failures) | — | {_fmt_interval(comp['interval'])} | {worse} |")
+        held_out = comp.get("judged_on") == "held-out"
+        interval = _fmt_interval(comp["interval"])
+        lines.append(f"| {comp['trainer']} | {comp['comparison']} (same failures) | — | {interval if held_out else '—'} "
+                     f"| — | {'—' if held_out else interval} | {worse} |")
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
         verdict = {None: "not measured", True: "PASS", False: "**FAIL**"}[goal["pass"]]

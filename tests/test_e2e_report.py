@@ -168,6 +168,51 @@ def test_learning_pairs_failure_runs_with_the_baseline_without_failures_and_mask
 
 
 @quick
+def test_learning_is_judged_on_the_held_out_reward_where_every_pair_has_it():
+    """A step-ahead strategy's batches lag by construction (their policy is a step older), so the
+    batch reward can be worse while the policy after the last update is not; the held-out reward
+    decides, the batch reward is reported beside it; a run without validation falls back to it."""
+    records = synthetic()
+    for r in records:  # per seed: zero and tail_1x
+        r["final_reward"] -= 0.05 * (r["mode"] == "both")  # lags on every seed
+        r["val_final"] = 0.5 + 0.01 * r["seed"] + (0.002 if r["mode"] == "both" else 0.0) * (r["seed"] - 1)
+    rows = {r["run"]: r for r in learning_table(records)}
+    assert rows["both"]["final_minus_baseline"]["high"] < 0  # the batch reward alone would say worse
+    assert rows["both"]["judged_on"] == "held-out" and rows["both"]["val_minus_baseline"]["n"] == 6
+    assert rows["both"]["worse_beyond_noise"] is False and rows["both"]["val_final"]["median"] == pytest.approx(0.51)
+    verdicts = {g["goal"]: g for g in goals(timing_table(records), learning_table(records), [])}
+    learning = verdicts["learning: no run worse than the stock baseline beyond seed noise"]
+    assert learning["pass"] is True and learning["figure"]["both"] == rows["both"]["val_minus_baseline"]
+    for r in records:
+        if r["mode"] == "both":
+            r["val_final"] -= 0.03  # now the policy itself is worse
+    assert {r["run"]: r for r in learning_table(records)}["both"]["worse_beyond_noise"] is True
+    for r in records:
+        r.pop("val_final", None)
+    fallback = {r["run"]: r for r in learning_table(records)}["both"]
+    assert fallback["judged_on"] == "batch" and fallback["worse_beyond_noise"] is True
+    text = e2e.markdown({"setup": "s", "timing": [], "learning": list(rows.values()), "comparisons": [], "goals": []})
+    row = next(line for line in text.splitlines() if line.startswith("| v1 | both |"))
+    held_out, batch = rows["both"]["val_minus_baseline"], rows["both"]["final_minus_baseline"]
+    assert row.split(" | ")[2:4] == [e2e._fmt(rows["both"]["val_final"]), e2e._fmt_interval(held_out)]
+    assert row.split(" | ")[5] == e2e._fmt_interval(batch) and row.endswith("| no |")
+
+
+@quick
+def test_records_carry_the_held_out_reward_before_and_after_training():
+    summary = ModeResult("both", [1.0, 1.0], {"gen": [0.3] * 2}, [0.0, 0.0], [0.2, 0.3])
+    key = f"val-core/verl_async_rm/letter_case/acc/mean@{e2e.VAL_SAMPLES}"
+    metrics = [{"step": 0, "data": {key: 0.30, "val-core/verl_async_rm/letter_case/acc/best@4/mean": 0.9}},
+               {"step": 1, "data": {"critic/score/mean": 0.2}}, {"step": 2, "data": {key: 0.36}}]
+    settings = {"judge": {}, "overrides": [], "decode_s": 0.0}
+    record = record_of(Run("v1", 0, "zero", "both"), settings, e2e.Outcome(summary, e2e.extra_series(metrics), 9.0, {}))
+    assert (record["val_first"], record["val_final"]) == (0.30, 0.36)
+    before_only = e2e.extra_series(metrics[:2])
+    assert e2e.validation_rewards(before_only) == (0.30, None) and e2e.validation_rewards({}) == (None, None)
+    assert set(e2e.VALIDATION) <= set(e2e.run_settings(Run("v1", 0, "zero", "both"), 0.8, 0.0)["overrides"])
+
+
+@quick
 def test_records_carry_the_trainers_staleness_metrics_and_tolerate_their_absence():
     summary = ModeResult("tail", [1.0, 1.2, 0.9], {"gen": [0.3] * 3}, [0.1, 0.0, 0.2], [0.2, 0.3, 0.4])
     extra = e2e.extra_series([{"step": s, "data": {"async_rm/staleness/mean": m, "async_rm/staleness/max": x,
