@@ -34,10 +34,11 @@ quick = pytest.mark.quick
 @quick
 def test_plan_cells_give_every_mode_its_zero_latency_bound_and_failures_their_own_modes():
     cells = plan_cells(["tail_1x", "heavy_2.5x", "fail20"], ["both", "tail"], ["both_neutral", "both_mask"])
-    assert len(cells) == len(set(cells)) == 3 * 3 + 2
+    assert len(cells) == len(set(cells)) == 3 * 3 + 3
     for mode in ("baseline", "both", "tail"):
         assert {("zero", mode), ("tail_1x", mode), ("heavy_2.5x", mode)} <= set(cells)
-    assert [c for c in cells if c[0] == "fail20"] == [("fail20", "both_neutral"), ("fail20", "both_mask")]
+    assert [c for c in cells if c[0] == "fail20"] == [("fail20", "baseline"), ("fail20", "both_neutral"), ("fail20", "both_mask")]
+    assert not [c for c in plan_cells(["fail20"], ["both"], []) if c[0] == "fail20"]  # no failure modes: no failure runs
 
 
 @quick
@@ -168,6 +169,23 @@ def test_learning_pairs_failure_runs_with_the_baseline_without_failures_and_mask
 
 
 @quick
+def test_stock_verl_meeting_the_same_failures_is_reported_and_compared_but_not_judged_as_a_mode():
+    records = [r for r in failure_records([0.03, 0.02, 0.04]) if r["mode"] != "both_neutral"]
+    records = [r for r in records if r["regime"] != "fail20" or r["mode"] != "both_mask"] + [
+        rec("v1", seed, "fail20", "both_mask", 0.0, final=0.40 + 0.01 * seed - 0.001 * seed) for seed in range(3)]
+    records += [rec("v1", seed, "fail20", "baseline", 0.0, final=0.30 + 0.01 * seed) for seed in range(3)]
+    rows = {r["run"]: r for r in learning_table(records)}
+    stock = rows["baseline (20% failures)"]
+    assert stock["mode"] == "baseline" and stock["worse_beyond_noise"] is True  # failures cost stock verl 0.1
+    (versus_stock,) = paired_comparison(records, "both_mask", "baseline")
+    assert versus_stock["diffs"] == [0.1, 0.099, 0.098] and versus_stock["worse_beyond_noise"] is False
+    verdicts = {g["goal"]: g for g in goals(timing_table(records), learning_table(records), [versus_stock])}
+    learning = verdicts["learning: no run worse than the stock baseline beyond seed noise"]
+    assert "baseline (20% failures)" not in learning["figure"] and learning["pass"] is True
+    assert verdicts["both_mask - baseline >= 0 within noise (same failures, paired)"]["pass"] is True
+
+
+@quick
 def test_learning_is_judged_on_the_held_out_reward_where_every_pair_has_it():
     """A step-ahead strategy's batches lag by construction (their policy is a step older), so the
     batch reward can be worse while the policy after the last update is not; the held-out reward
@@ -263,7 +281,7 @@ def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
     argv = ["--trainers", "v1,v0", "--steps", "4", "--seeds", "0,1", "--v0-seeds", "0", "--regimes", "tail_1x,heavy_2.5x,fail20",
             "--v0-regimes", "tail_1x", "--out", str(out)]
     assert e2e.main(argv) == 0
-    assert len(calls) == 2 * (9 + 2) + 6
+    assert len(calls) == 2 * (9 + 3) + 6  # v1: 3 timing cells x 3 modes + fail20 (stock, neutral, mask); v0: 6
     assert calls[0][0] == Run("v1", 0, "zero", "baseline") and calls[0][1]["judge"] == {}
     heavy = next(s for r, s in calls if r.regime == "heavy_2.5x")
     assert heavy["judge"]["latency_p99"] == pytest.approx(2.5 * 0.8)  # from the calibration run's median step
@@ -281,7 +299,7 @@ def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
     calls.clear()
     assert e2e.main(argv) == 0
     again = json.loads(out.read_text())
-    assert calls == [] and again["runs_from_cache"] == 28 and again["timing"] == report["timing"]
+    assert calls == [] and again["runs_from_cache"] == 30 and again["timing"] == report["timing"]
 
 
 @quick
