@@ -12,16 +12,17 @@ manager. A run is (trainer, seed, regime, mode):
   that the agent's deadline settles), ``fail20`` (``tail_1x`` with 20% of judge calls failing);
 - modes: ``baseline`` (verl's stock trainer, rewards scored per sample in verl's agent loop), the
   strategies (``both``: mini-batch pipeline + one step off-policy; ``tail``: the tail-tolerant pool
-  with bounded staleness), and, under failures, ``both_neutral`` vs ``both_mask``.
+  with bounded staleness), and, under failures, stock verl, ``both_neutral`` and ``both_mask``.
 
 Figures, per (trainer, regime, mode), median [min, max] over seeds, ratios paired within a seed:
 loop time (sum of step times: Ray start-up and the warm-up absorbed by a validation pass are left
 out), reduction vs the stock baseline, the hidden fraction (T_base - T) / (T_base - T_bound) against
 two bounds (the stock zero-latency run, and the same mode run with zero latency), time blocked on
-rewards per step, and the staleness the trainer measured. Learning: final toy reward (mean of the
-last 3 steps) minus the same seed's baseline, 95% t-interval; ``both_mask`` vs ``both_neutral`` with
-the same failures, paired. The done-when goals are printed as PASS/FAIL with their figures, against
-the same-mode bound.
+rewards per step, and the staleness the trainer measured. Learning: the held-out reward after the
+last step (verl's validation, ``VAL_SAMPLES`` samples per prompt) minus the same seed's baseline,
+95% t-interval, with the training batches' reward over the last 3 steps beside it; ``both_mask`` vs
+``both_neutral`` and vs stock verl, each meeting the same failures, paired. The done-when goals are
+printed as PASS/FAIL with their figures, against the same-mode bound.
 
 Fairness: every mode of a (trainer, seed) gets the same model, data, judge draws (hashed per
 response and seed), sampling draws (the CPU rollout's paired draws: a prompt's samples come from
