@@ -434,9 +434,9 @@ def rise(result) -> tuple[float, float]:
 def test_each_strategy_learns_like_the_baseline(runs, mode):
     """16 steps, one seed, runs that do not depend on timing (deterministic rollouts, verl's
     mini-batch order), so the comparison is reproducible and not a coin toss between two sampling
-    draws: the baseline's toy reward rises; each strategy's rises at least
-    half as much (``both``: two steps ahead, with failures). Over seeds and latency regimes,
-    bench/e2e.py measures the strategy - baseline gap of every strategy, off-policy alone included."""
+    draws: the baseline's toy reward rises; each strategy's rises at least half as much (``both``:
+    two steps ahead, with failures). Over seeds and latency regimes, bench/e2e.py measures the
+    strategy - baseline gap of every strategy, off-policy alone included."""
     base_first, base_last = rise(runs["v0", "baseline"][1])
     first, last = rise(runs["v0", mode][1])
     assert base_last - base_first > 0.05, (base_first, base_last)

@@ -294,12 +294,13 @@ class HFCPUServer:
                 "a GPU engine would have freed its weights or KV cache"
             )
         key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
-        own, lengths, alone = self._request_generator(request_id, key, [int(t) for t in prompt_ids])
+        prompt = [int(t) for t in prompt_ids]
+        own, lengths, alone = self._request_generator(request_id, key, prompt)
         # A deterministic request is batched alone: its own generator, and no padding from others.
         batch_key = (key, request_id) if alone else key
         future = asyncio.get_running_loop().create_future()
-        length = drawn_length(self._max_tokens(len(prompt_ids), params), lengths)
-        self._queue.append((batch_key, [int(t) for t in prompt_ids], length, future, own, alone))
+        length = drawn_length(self._max_tokens(len(prompt), params), lengths)
+        self._queue.append((batch_key, prompt, length, future, own, alone))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         ids, lps, finish, version = await future
