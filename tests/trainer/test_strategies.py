@@ -348,6 +348,20 @@ def test_staleness_and_reward_timing_metrics(runs, run):
         assert values(result, "async_reward/groups_per_mini_batch") == [2.0] * steps
 
 
+@pytest.mark.parametrize("run", [r for r in RUNS if r[0] == "v1"], ids="-".join)
+def test_v1_reports_the_whole_batch_rollout_correction_statistics_once_per_step(runs, run):
+    """verl's whole-batch advantage call reports them (stock, and strategy steps trained whole);
+    steps whose advantages came in pieces, or without their masked rows, compute the same
+    statistics once over the batch's usable rows (strategies/v1.py, _correction_metrics)."""
+    _, result = runs[run]
+    steps = RUNS[run].get("steps", STEPS["v1"])
+    for key in ("rollout_corr/kl", "rollout_corr/ppl_ratio", "rollout_corr/chi2_token"):
+        series = values(result, key)
+        assert len(series) == steps and all(np.isfinite(series)), (key, series)
+    if "mini_batch_pipeline=true" in RUNS[run]["flags"] and not RUNS[run].get("multi_output"):
+        assert values(result, "async_reward/pipelined") == [1.0] * steps  # the pieces branch ran
+
+
 @pytest.mark.parametrize("run", list(RUNS), ids="-".join)
 def test_replicas_sleep_once_per_step_including_the_last_off_policy_steps(runs, run):
     """F3: every training step's weight update finds the replicas put to sleep exactly once since

@@ -98,6 +98,7 @@ class V1Ops:
     def __init__(self, trainer: "AsyncRewardTrainer", expected_rows: int):
         self.trainer = trainer
         self.expected_rows = expected_rows
+        self.masked_rows: set = set()
 
     def _piece(self, batch: KVBatchMeta, rows: Optional[list], extra: Optional[dict] = None) -> KVBatchMeta:
         keys = batch.keys if rows is None else rows
@@ -114,13 +115,14 @@ class V1Ops:
 
     def attach(self, batch: KVBatchMeta, scored: ScoredRows) -> None:
         """``rm_scores``: each row's score on its last response token, as verl's agent loop puts it."""
-        self.trainer._put_scores(batch.partition_id, scored)
+        self.trainer._put_scores(batch, scored)
 
     def mask(self, batch: KVBatchMeta, rows: list) -> None:
         """failure_policy=mask: zero ``response_mask`` and ``loss_mask`` (verl's engine counts a
         mini-batch's tokens from the latter, its losses read the former), advantages and returns of
         these rows in TransferQueue; the other rows' advantages are computed without them."""
         self.trainer._put_masked(batch.partition_id, rows)
+        self.masked_rows.update(rows)
 
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         trainer = self.trainer
@@ -135,8 +137,10 @@ class V1Ops:
                 trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
             finally:
                 trainer.kl_ctrl_in_reward = controller
-        # whole-batch rollout-correction statistics come from policy_inputs, the KL ones from kl.flush
-        return {k: v for k, v in metrics.items() if not k.startswith(CORRECTION_PREFIX) and k not in KL_METRICS}
+        # the KL statistics come from kl.flush; rollout-correction statistics are the whole batch's:
+        # verl's own when this call is the whole batch, else AsyncRewardTrainer._correction_metrics
+        return {k: v for k, v in metrics.items()
+                if not (rows is not None and k.startswith(CORRECTION_PREFIX)) and k not in KL_METRICS}
 
     def update(self, batch: KVBatchMeta, call: UpdateCall, rows: Optional[list]) -> dict:
         piece = self._piece(batch, rows, update_flags(call))
@@ -167,6 +171,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                     "sets it; or set stream_rewards=false"
                 )
         self._stream_next_batch = False
+        self._staleness_of_row: dict = {}  # the rows being trained -> staleness (written by _put_scores)
         self._open_stream: Optional[tuple[OpenStream, dict]] = None
         self._last_positions: dict = {}  # uid -> position of the last drawn training batch
         self._pool: Optional[PoolDriver] = None
@@ -233,17 +238,26 @@ class AsyncRewardTrainer(PPOTrainerSync):
         return self.rewards.close_stream(stream, {i: s.keys for i, s in zip(indices, sessions)},
                                          {i: s.uid for i, s in zip(indices, sessions)})
 
-    def _put_scores(self, partition_id: str, scored: ScoredRows, with_extra_info: bool = False) -> None:
+    def _put_scores(self, batch: KVBatchMeta, scored: ScoredRows, with_extra_info: bool = False) -> None:
+        """One TransferQueue write per call (a round trip costs milliseconds a step, the price stock
+        verl does not pay): the scores, and the rows' staleness where the step recorded it."""
         if not scored.rows:
             return
-        lengths = tq.kv_batch_get(keys=scored.rows, partition_id=partition_id, select_fields=["responses"])["responses"].offsets().diff()
+        partition_id = batch.partition_id
+        tags = dict(zip(batch.keys, batch.tags))
+        lengths = [tags.get(row, {}).get("response_len") for row in scored.rows]  # verl's agent loop tags each row
+        if any(length is None for length in lengths):
+            lengths = tq.kv_batch_get(keys=scored.rows, partition_id=partition_id,
+                                      select_fields=["responses"])["responses"].offsets().diff().tolist()
         rows = []
-        for length, score in zip(lengths.tolist(), scored.scores):
+        for length, score in zip(lengths, scored.scores):
             row = torch.zeros(length, dtype=torch.float32)
             if length:
                 row[-1] = score  # the score on the last response token, as verl's agent loop puts it
             rows.append(row)
         fields = {"rm_scores": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}
+        if self._staleness_of_row:
+            fields[STALENESS_FIELD] = torch.tensor([self._staleness_of_row[row] for row in scored.rows], dtype=torch.int64)
         if with_extra_info:
             # verl's v1 validation reads reward extra info only from extra_fields["reward_extra_info"]
             current = tu.get(tq.kv_batch_get(keys=scored.rows, partition_id=partition_id, select_fields=["extra_fields"]), "extra_fields")
@@ -267,7 +281,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
         """Validation (and any whole-batch scoring): through the agent, waiting for every score."""
         pending = self._submit(batch)
-        self._put_scores(batch.partition_id, self.rewards.take(pending), with_extra_info=True)
+        self._put_scores(batch, self.rewards.take(pending), with_extra_info=True)
         return batch
 
     # -- a step ----------------------------------------------------------------------------------
@@ -303,9 +317,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                 self.on_sample_end()  # replicas sleep once, after the step's last generation
             current = self.lookahead.pop()
             stale = self.global_steps - 1 - current.weights_step
-            tq.kv_batch_put(keys=current.batch.keys, partition_id=current.batch.partition_id,
-                            fields=tu.get_tensordict({STALENESS_FIELD: torch.full((len(current.batch),), stale, dtype=torch.int64)}))
-            batch = self._train_on(current, metrics, timing_raw)
+            batch = self._train_on(current, metrics, timing_raw, staleness_of_row=dict.fromkeys(current.batch.keys, stale))
             self._measure(current.rewards, time.monotonic() - step_started - current.rewards.timing.blocked)
             metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
         metrics.update(self._auto_lookahead())
@@ -389,17 +401,19 @@ class AsyncRewardTrainer(PPOTrainerSync):
             tq.kv_clear(keys=stale, partition_id="train")
         batch = KVBatchMeta(partition_id="train", keys=list(chosen.rows), tags=[tags[k] for k in chosen.rows],
                             extra_info={"temperature": self.config.actor_rollout_ref.rollout.temperature})
-        staleness = torch.tensor([chosen.staleness_of_row[k] for k in chosen.rows], dtype=torch.int64)
-        tq.kv_batch_put(keys=batch.keys, partition_id="train", fields=tu.get_tensordict({STALENESS_FIELD: staleness}))
         batch = self._train_on(GeneratedBatch(batch, None, 0, None, self.global_steps - 1), metrics, timing_raw,
-                               scored=chosen.scored)
+                               scored=chosen.scored, staleness_of_row=chosen.staleness_of_row)
         compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
         self._measured["latency"] = (self._measured["latency"] + self._pool.new_latencies())[-4096:]
         metrics.update(chosen.metrics)
         return batch
 
-    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, scored: Optional[ScoredRows] = None) -> KVBatchMeta:
+    def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, scored: Optional[ScoredRows] = None,
+                  staleness_of_row: Optional[dict] = None) -> KVBatchMeta:
+        # each row's staleness goes to TransferQueue with its score (_put_scores): every row of the
+        # batch is attached a score once this step
+        self._staleness_of_row = staleness_of_row or {}
         batch = self._balance_batch(current.batch, metrics=metrics)
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = self._compute_old_log_prob(batch, metrics=metrics)
@@ -409,24 +423,33 @@ class AsyncRewardTrainer(PPOTrainerSync):
         if self.use_critic:
             with marked_timer("values", timing_raw, color="cyan"):
                 batch = self._compute_values(batch, metrics=metrics)
-        metrics.update(self._correction_metrics(batch))
         ops = V1Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
         kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
-        metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
-                                            update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
+        try:
+            metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
+                                                update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
+        finally:
+            self._staleness_of_row = {}
+        if not any(key.startswith(CORRECTION_PREFIX) for key in metrics):  # advantages came in pieces (V1Ops.advantages)
+            metrics.update(self._correction_metrics(batch, without=ops.masked_rows))
         return batch
 
-    def _correction_metrics(self, batch: KVBatchMeta) -> dict:
-        """Rollout-correction statistics of the whole batch (verl's, once; the per-mini-batch ones
-        are dropped). The weights and rejections themselves are per token/sequence, so each
-        mini-batch's equal the whole batch's (batch normalisation is refused at start)."""
+    def _correction_metrics(self, batch: KVBatchMeta, without: set) -> dict:
+        """Rollout-correction statistics of the whole batch, as verl's whole-batch advantage call
+        gives them, when the advantages came in pieces (their per-piece statistics are dropped) or
+        without the masked rows (``without``: verl's call then covers the usable rows alone). The
+        weights and rejections themselves are per token/sequence, so each mini-batch's equal the
+        whole batch's (batch normalisation is refused at start)."""
         correction = self.config.algorithm.get("rollout_correction", None)
         if correction is None or correction.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
             return {}
         from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
+        keys = [key for key in batch.keys if key not in without]
+        if not keys:
+            return {}
         fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
         probe = DataProto(batch=data.to_padded_tensor())
         _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
         return metrics
