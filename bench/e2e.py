@@ -114,8 +114,10 @@ class Regime:
     fail_prob: float = 0.0
     p50_ratio: float = 10.0  # lognormal: p99 / p50 (the issue: p99 ~ 10x p50)
     deadline_x: float = 0.0  # > 0: request_timeout = ticket_deadline = this x C (settles hangs)
-    # Timing goals apply (no injected failures); else learning only, paired with this regime's baseline.
-    learning_baseline: Optional[str] = None
+    # A failure regime (fail_prob > 0) is judged on learning only, against stock verl meeting the same
+    # failures (the regime's own baseline, as in every regime); this names the same judge without
+    # failures, whose stock run shows what the failures cost (reported, not judged).
+    without_failures: Optional[str] = None
 
     def judge(self, compute_s: float, seed: int) -> dict:
         """Reward kwargs of the toy reward's simulated judge (cpu_backend/latency.py)."""
@@ -141,7 +143,7 @@ class Regime:
 
     @property
     def timing(self) -> bool:
-        return self.learning_baseline is None
+        return not self.fail_prob
 
     def describe(self) -> str:
         if self.model == "zero":
@@ -161,7 +163,7 @@ REGIMES: dict[str, Regime] = {r.name: r for r in [
     Regime("tail_1x", "uniform", 1.0),
     Regime("tail_2.5x", "uniform", 2.5),
     Regime("heavy_2.5x", "lognormal", 2.5, hang_prob=0.005, deadline_x=5.0),
-    Regime("fail20", "uniform", 1.0, fail_prob=0.2, learning_baseline="tail_1x"),
+    Regime("fail20", "uniform", 1.0, fail_prob=0.2, without_failures="tail_1x"),
 ]}
 
 
@@ -547,8 +549,8 @@ def learning_label(record: dict) -> str:
 def learning_table(records: list[dict]) -> list[dict]:
     """Per (trainer, run label): the held-out reward after the last step (``val_final``) and the
     training batches' reward over the last steps (``final_reward``), each with its difference to the
-    same seed's stock baseline in the same regime (a failure regime: its learning_baseline regime,
-    without failures), paired by (seed, regime), with a 95% t-interval. Worse beyond noise = the
+    same seed's stock baseline in the same regime (in a failure regime: stock verl meeting the same
+    failures), paired by (seed, regime), with a 95% t-interval. Worse beyond noise = the
     held-out interval below 0 (the batch reward's where no held-out reward was measured)."""
     at = _index(records)
     rows = []
@@ -559,7 +561,7 @@ def learning_table(records: list[dict]) -> list[dict]:
             cell = [r for r in mine if learning_label(r) == label]
             diffs: dict[str, list[float]] = {"final_reward": [], "val_final": []}
             for r in cell:
-                base = at.get((trainer, r["seed"], REGIMES[r["regime"]].learning_baseline or r["regime"], STOCK))
+                base = at.get((trainer, r["seed"], r["regime"], STOCK))
                 if base is not None and base is not r:
                     for key, out in diffs.items():
                         if r.get(key) is not None and base.get(key) is not None:
@@ -587,16 +589,34 @@ def paired_comparison(records: list[dict], better: str, than: str) -> list[dict]
     for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
         pairs = [(r, at[trainer, r["seed"], r["regime"], than]) for r in records
                  if r["trainer"] == trainer and r["mode"] == better and (trainer, r["seed"], r["regime"], than) in at]
-        if not pairs:
-            continue
-        key = "val_final" if all(a.get("val_final") is not None and b.get("val_final") is not None for a, b in pairs) \
-            else "final_reward"
-        diffs = [a[key] - b[key] for a, b in pairs]
-        interval = paired_interval(diffs)
-        rows.append({"trainer": trainer, "comparison": f"{better} - {than}", "diffs": [round(d, 4) for d in diffs],
-                     "judged_on": "held-out" if key == "val_final" else "batch",
-                     "interval": interval, "worse_beyond_noise": None if interval is None else interval["high"] < 0})
+        if pairs:
+            rows.append(_paired_row(trainer, f"{better} - {than}", pairs, judged=True))
     return rows
+
+
+def failure_cost(records: list[dict], mode: str) -> list[dict]:
+    """What injected failures cost ``mode``: its runs in a failure regime minus stock verl's with the
+    same judge without failures, paired by seed. Reported, never judged: stock verl pays it too (its
+    own row), so the judged comparisons are the ones under the same failures."""
+    at = _index(records)
+    rows = []
+    for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
+        pairs = [(r, at[trainer, r["seed"], REGIMES[r["regime"]].without_failures, STOCK]) for r in records
+                 if r["trainer"] == trainer and r["mode"] == mode and not REGIMES[r["regime"]].timing
+                 and (trainer, r["seed"], REGIMES[r["regime"]].without_failures, STOCK) in at]
+        if pairs:
+            rows.append(_paired_row(trainer, f"{mode} - {STOCK} without failures", pairs, judged=False))
+    return rows
+
+
+def _paired_row(trainer: str, name: str, pairs: list[tuple[dict, dict]], judged: bool) -> dict:
+    key = "val_final" if all(a.get("val_final") is not None and b.get("val_final") is not None for a, b in pairs) \
+        else "final_reward"
+    diffs = [a[key] - b[key] for a, b in pairs]
+    interval = paired_interval(diffs)
+    return {"trainer": trainer, "comparison": name, "diffs": [round(d, 4) for d in diffs],
+            "judged_on": "held-out" if key == "val_final" else "batch", "judged": judged,
+            "interval": interval, "worse_beyond_noise": None if interval is None else interval["high"] < 0}
 
 
 def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> list[dict]:
@@ -631,10 +651,10 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
         # the table, what failures cost it, not a mode under test)
         mine = [row for row in learning if row["trainer"] == trainer and row.get("mode") != STOCK
                 and (row["val_minus_baseline"] or row["final_minus_baseline"])]
-        out.append({"trainer": trainer, "goal": "learning: no run worse than the stock baseline beyond seed noise",
+        out.append({"trainer": trainer, "goal": "learning: no run worse than the stock baseline (same judge, same failures) beyond seed noise",
                     "threshold": 0.0, "figure": {row["run"]: row["val_minus_baseline"] or row["final_minus_baseline"] for row in mine},
                     "pass": None if not mine else not any(row["worse_beyond_noise"] for row in mine)})
-        for comp in (c for c in comparisons if c["trainer"] == trainer):
+        for comp in (c for c in comparisons if c["trainer"] == trainer and c.get("judged", True)):
             out.append({"trainer": trainer, "goal": f"{comp['comparison']} >= 0 within noise (same failures, paired)",
                         "threshold": 0.0, "figure": comp["interval"],
                         "pass": None if comp["interval"] is None else not comp["worse_beyond_noise"]})
@@ -710,7 +730,8 @@ def markdown(report: dict) -> str:
         worse = {None: "—", True: "**yes**", False: "no"}[comp["worse_beyond_noise"]]
         held_out = comp.get("judged_on") == "held-out"
         interval = _fmt_interval(comp["interval"])
-        lines.append(f"| {comp['trainer']} | {comp['comparison']} (same failures) | — | {interval if held_out else '—'} "
+        what = "same failures" if comp.get("judged", True) else "what the failures cost; not judged"
+        lines.append(f"| {comp['trainer']} | {comp['comparison']} ({what}) | — | {interval if held_out else '—'} "
                      f"| — | {'—' if held_out else interval} | {worse} |")
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
@@ -750,8 +771,10 @@ def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, 
                  missing: list[str], started: float, from_cache: int, retried: list[str] = ()) -> dict:
     timing = timing_table(records)
     learning = learning_table(records)
-    # mask against neutral, and against stock verl, each meeting the same failures
-    comparisons = paired_comparison(records, "both_mask", "both_neutral") + paired_comparison(records, "both_mask", STOCK)
+    # mask against neutral meeting the same failures (against stock verl meeting them: the learning
+    # table's row); what the failures cost, against stock verl without them: reported, not judged
+    comparisons = (paired_comparison(records, "both_mask", "both_neutral")
+                   + [row for mode in [STOCK, "both_mask"] for row in failure_cost(records, mode)])
     seeds_run = {t: sorted({r["seed"] for r in records if r["trainer"] == t}) for t in seeds}
     report = {
         "command": command,

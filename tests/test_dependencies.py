@@ -33,6 +33,7 @@ NOT_IMPORTED = {
     "cachetools": "verl imports it on the trainer path without declaring it",
     "pyarrow": "pandas' parquet engine, for the CPU backend's toy dataset",
     "pytest-timeout": "a pytest plugin (the suite's `timeout` option)",
+    "pytest-xdist": "a pytest plugin: `pytest -m quick` runs on several processes (tests/conftest.py)",
     "verl-async-rm": "dev pulls in the demo and bench extras",
     "verl": "gpu extras: verl's own pinned GPU extras",
 }

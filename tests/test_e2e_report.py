@@ -142,47 +142,55 @@ def test_goals_are_judged_against_the_same_mode_bound_and_show_failures():
     assert "**FAIL**" in text and "not measured" in text
 
 
-def failure_records(mask_delta):
+def failure_records(mask_delta, stock_final=0.33):
+    """synthetic() plus a 20%-failure regime per seed: stock verl meeting the failures, neutral and
+    mask (tail_1x, the same judge without failures, has stock at 0.40 + 0.01 seed)."""
     records = synthetic()
     for seed, delta in enumerate(mask_delta):
-        records += [rec("v1", seed, "fail20", "both_neutral", 0.0, final=0.35 + 0.01 * seed),
+        records += [rec("v1", seed, "fail20", "baseline", 0.0, final=stock_final + 0.01 * seed),
+                    rec("v1", seed, "fail20", "both_neutral", 0.0, final=0.35 + 0.01 * seed),
                     rec("v1", seed, "fail20", "both_mask", 0.0, final=0.35 + 0.01 * seed + delta)]
     return records
 
 
+LEARNING_GOAL = "learning: no run worse than the stock baseline (same judge, same failures) beyond seed noise"
+
+
 @quick
-def test_learning_pairs_failure_runs_with_the_baseline_without_failures_and_mask_with_neutral():
+def test_failure_runs_are_judged_against_stock_meeting_the_same_failures_and_mask_against_neutral():
     records = failure_records([0.03, 0.02, 0.04])
     rows = {r["run"]: r for r in learning_table(records)}
     assert rows["both"]["final_minus_baseline"]["mean"] == pytest.approx(0.005) and rows["both"]["final_minus_baseline"]["n"] == 6
     neutral = rows["both_neutral (20% failures)"]["final_minus_baseline"]
-    assert neutral["mean"] == pytest.approx(-0.05) and neutral["n"] == 3  # vs tail_1x's baseline, same seed
-    assert rows["both_neutral (20% failures)"]["worse_beyond_noise"] is True
+    assert neutral["mean"] == pytest.approx(0.02) and neutral["n"] == 3  # vs stock under the same failures, same seed
+    assert rows["both_neutral (20% failures)"]["worse_beyond_noise"] is False
     assert rows["baseline"]["final_minus_baseline"] is None
+    assert rows["baseline (20% failures)"]["final_minus_baseline"] is None  # stock is the baseline, not judged
     (comparison,) = paired_comparison(records, "both_mask", "both_neutral")
     assert comparison["interval"]["mean"] == pytest.approx(0.03) and comparison["worse_beyond_noise"] is False
     (worse,) = paired_comparison(failure_records([-0.03, -0.02, -0.04]), "both_mask", "both_neutral")
     assert worse["worse_beyond_noise"] is True
     verdicts = {g["goal"]: g["pass"] for g in goals(timing_table(records), learning_table(records), [comparison, worse])}
     assert verdicts["both_mask - both_neutral >= 0 within noise (same failures, paired)"] is False  # the worse one wins the key
-    assert verdicts["learning: no run worse than the stock baseline beyond seed noise"] is False
+    assert verdicts[LEARNING_GOAL] is True
+    # mask below stock verl meeting the same failures, beyond noise: the learning goal fails
+    below = failure_records([-0.03, -0.02, -0.04], stock_final=0.35)
+    assert {g["goal"]: g["pass"] for g in goals(timing_table(below), learning_table(below), [])}[LEARNING_GOAL] is False
 
 
 @quick
-def test_stock_verl_meeting_the_same_failures_is_reported_and_compared_but_not_judged_as_a_mode():
-    records = [r for r in failure_records([0.03, 0.02, 0.04]) if r["mode"] != "both_neutral"]
-    records = [r for r in records if r["regime"] != "fail20" or r["mode"] != "both_mask"] + [
-        rec("v1", seed, "fail20", "both_mask", 0.0, final=0.40 + 0.01 * seed - 0.001 * seed) for seed in range(3)]
-    records += [rec("v1", seed, "fail20", "baseline", 0.0, final=0.30 + 0.01 * seed) for seed in range(3)]
-    rows = {r["run"]: r for r in learning_table(records)}
-    stock = rows["baseline (20% failures)"]
-    assert stock["mode"] == "baseline" and stock["worse_beyond_noise"] is True  # failures cost stock verl 0.1
-    (versus_stock,) = paired_comparison(records, "both_mask", "baseline")
-    assert versus_stock["diffs"] == [0.1, 0.099, 0.098] and versus_stock["worse_beyond_noise"] is False
-    verdicts = {g["goal"]: g for g in goals(timing_table(records), learning_table(records), [versus_stock])}
-    learning = verdicts["learning: no run worse than the stock baseline beyond seed noise"]
-    assert "baseline (20% failures)" not in learning["figure"] and learning["pass"] is True
-    assert verdicts["both_mask - baseline >= 0 within noise (same failures, paired)"]["pass"] is True
+def test_what_failures_cost_against_stock_without_them_is_reported_but_never_judged():
+    records = failure_records([0.03, 0.025, 0.035])
+    (stock_cost,) = e2e.failure_cost(records, "baseline")
+    assert stock_cost["diffs"] == [-0.07, -0.07, -0.07] and stock_cost["worse_beyond_noise"] is True
+    (mask_cost,) = e2e.failure_cost(records, "both_mask")
+    assert mask_cost["diffs"] == [-0.02, -0.025, -0.015] and mask_cost["worse_beyond_noise"] is True
+    assert mask_cost["judged"] is False and mask_cost["comparison"] == "both_mask - baseline without failures"
+    assert not e2e.failure_cost(synthetic(), "both")  # no failure regime: nothing to report
+    met = goals(timing_table(records), learning_table(records), [stock_cost, mask_cost])
+    assert all("without failures" not in g["goal"] for g in met) and {g["goal"]: g["pass"] for g in met}[LEARNING_GOAL] is True
+    text = e2e.markdown({"setup": "s", "timing": [], "learning": [], "comparisons": [mask_cost], "goals": []})
+    assert "| v1 | both_mask - baseline without failures (what the failures cost; not judged) |" in text
 
 
 @quick
@@ -199,7 +207,7 @@ def test_learning_is_judged_on_the_held_out_reward_where_every_pair_has_it():
     assert rows["both"]["judged_on"] == "held-out" and rows["both"]["val_minus_baseline"]["n"] == 6
     assert rows["both"]["worse_beyond_noise"] is False and rows["both"]["val_final"]["median"] == pytest.approx(0.51)
     verdicts = {g["goal"]: g for g in goals(timing_table(records), learning_table(records), [])}
-    learning = verdicts["learning: no run worse than the stock baseline beyond seed noise"]
+    learning = verdicts[LEARNING_GOAL]
     assert learning["pass"] is True and learning["figure"]["both"] == rows["both"]["val_minus_baseline"]
     for r in records:
         if r["mode"] == "both":
