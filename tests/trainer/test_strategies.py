@@ -348,6 +348,18 @@ def test_staleness_and_reward_timing_metrics(runs, run):
         assert values(result, "async_reward/groups_per_mini_batch") == [2.0] * steps
 
 
+@pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
+def test_the_trainer_and_its_workers_freeze_the_start_up_heap_before_step_one(runs, run):
+    """strategies/heap.py: from step 1 on, the start-up heap (~0.6 M objects) is frozen in the trainer
+    and in every actor (and critic) worker, so no full collection of it lands on a step."""
+    trainer, _ = run
+    _, result = runs[run]
+    steps = RUNS[run].get("steps", STEPS[trainer])
+    for side in ("trainer", "workers"):
+        frozen = values(result, f"async_rm/frozen_heap_objects/{side}")
+        assert len(frozen) == steps and len(set(frozen)) == 1 and frozen[0] > 100_000, (side, frozen)
+
+
 @pytest.mark.parametrize("run", [r for r in RUNS if r[0] == "v1"], ids="-".join)
 def test_v1_reports_the_whole_batch_rollout_correction_statistics_once_per_step(runs, run):
     """verl's whole-batch advantage call reports them (stock, and strategy steps trained whole);

@@ -51,6 +51,7 @@ from verl_async_rm.integration.decode import decode_requests, valid_response_len
 from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN, MASK, check_masking, mask_shape_from_config
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
+from verl_async_rm.strategies.heap import freeze_startup_heap, freeze_worker_heaps, heap_metrics
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
     UpdateCall,
@@ -183,6 +184,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self.rewards: BatchRewards | None = None
         self.scheduler: StepScheduler | None = None
         self._resume_loader_state = None
+        self._heap_metrics: dict = {}  # fit, before step 1: strategies/heap.py
 
     def init_workers(self):
         super().init_workers()
@@ -235,6 +237,9 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         curr_step_profile = self.global_steps in profiler.steps if profiler.steps is not None else False
         draws = drawn_batches(self.train_dataloader, current_epoch, self.config.trainer.total_epochs)
         lookahead = Lookahead(self.strategy.off_policy_steps)
+        # after validation, before step 1: strategies/heap.py
+        workers_frozen = freeze_worker_heaps(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
+        self._heap_metrics = heap_metrics(freeze_startup_heap(), workers_frozen)
 
         while self.global_steps <= self.total_training_steps:
             if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):
@@ -388,6 +393,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
                                             timing_raw=timing_raw, kl_controller=kl_controller))
         self._save_and_sync(update_actor, is_last_step, timing_raw)
         metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
+        metrics.update(self._heap_metrics)
         metrics["async_reward/wall_clock"] = time.time()
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:

@@ -45,6 +45,7 @@ from verl_async_rm.masking import (
     mask_shape_from_config,
 )
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
+from verl_async_rm.strategies.heap import freeze_startup_heap, freeze_worker_heaps, heap_metrics
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
     MAX_OFF_POLICY_STEPS,
@@ -179,6 +180,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self._supply_depth = 0  # the pool under on_stale=drop with auto: batches of supply beyond this step's
+        self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -197,6 +199,12 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                        reduce_lists=reduce_metrics, timer=marked_timer)
         self.lookahead = Lookahead(self.strategy.off_policy_steps)
         super().on_init_end()
+
+    def on_train_begin(self):
+        super().on_train_begin()
+        # after validation, before step 1: strategies/heap.py
+        workers_frozen = freeze_worker_heaps(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
+        self._heap_metrics = heap_metrics(freeze_startup_heap(), workers_frozen)
 
     # -- rewards through the agent ---------------------------------------------------------------
     def _submit(self, batch: KVBatchMeta) -> PendingRewards:
@@ -321,6 +329,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self._measure(current.rewards, time.monotonic() - step_started - current.rewards.timing.blocked)
             metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
         metrics.update(self._auto_lookahead())
+        metrics.update(self._heap_metrics)
         metrics["async_reward/wall_clock"] = time.time()
         return batch
 
@@ -430,7 +439,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                                 update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
         finally:
             self._staleness_of_row = {}
-        if not any(key.startswith(CORRECTION_PREFIX) for key in metrics):  # advantages came in pieces (V1Ops.advantages)
+        # verl's whole-batch advantage call did not run (advantages came in pieces, or rows were
+        # masked): its rollout-correction statistics are computed here, once, over the usable rows
+        if not any(key.startswith(CORRECTION_PREFIX) for key in metrics):
             metrics.update(self._correction_metrics(batch, without=ops.masked_rows))
         return batch
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
 from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+from verl_async_rm.strategies.heap import freeze_startup_heap
 
 STEP_LR_KEY = "async_rm_step_lr"
 EPOCHS_KEY = "async_rm_epochs"
@@ -138,6 +139,11 @@ class AsyncRewardActorRolloutRefWorker(ActorRolloutRefWorker):
     def update_actor(self, data):
         return run_update(self.actor.engine, data, "actor", super().update_actor)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def freeze_startup_heap(self) -> int:
+        """strategies/heap.py: called by the trainer once, before step 1."""
+        return freeze_startup_heap()
+
 
 class AsyncRewardTrainingWorker(TrainingWorker):
     """The critic's worker."""
@@ -145,3 +151,8 @@ class AsyncRewardTrainingWorker(TrainingWorker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False)
     def train_mini_batch(self, data):
         return run_update(self.engine, data, "critic", super().train_mini_batch)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def freeze_startup_heap(self) -> int:
+        """strategies/heap.py: called by the trainer once, before step 1."""
+        return freeze_startup_heap()
