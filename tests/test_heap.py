@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from verl_async_rm.strategies.heap import FREEZE_ENV, freeze_startup_heap, freeze_worker_heaps, heap_metrics
+from verl_async_rm.strategies.heap import FREEZE_ENV, freeze_startup_heap, freeze_trainer_and_workers, freeze_worker_heaps
 
 pytestmark = pytest.mark.quick
 
@@ -73,5 +73,19 @@ def test_each_group_that_offers_it_freezes_once_and_the_fewest_frozen_is_reporte
     assert freeze_worker_heaps(None, object()) == 0  # stock verl's worker classes: nothing to freeze
 
 
-def test_metrics_name_both_sides():
-    assert heap_metrics(5, 7) == {"async_rm/frozen_heap_objects/trainer": 5, "async_rm/frozen_heap_objects/workers": 7}
+def test_the_trainer_and_its_workers_freeze_once_and_the_metrics_name_both_sides(unfrozen, monkeypatch):
+    monkeypatch.delenv(FREEZE_ENV, raising=False)
+    actor, critic = Group([600_000, 590_000]), Group([580_000])
+    metrics = freeze_trainer_and_workers(actor, critic)
+    assert actor.calls == critic.calls == 1
+    assert set(metrics) == {"async_rm/frozen_heap_objects/trainer", "async_rm/frozen_heap_objects/workers"}
+    assert metrics["async_rm/frozen_heap_objects/workers"] == 580_000
+    # this process froze too (the count can drop by a few as frozen objects are freed by refcount)
+    assert metrics["async_rm/frozen_heap_objects/trainer"] > 1000 and gc.get_freeze_count() > 1000
+    assert freeze_trainer_and_workers(Group([1]), None)["async_rm/frozen_heap_objects/workers"] == 1  # no critic
+
+
+def test_turned_off_the_trainer_reports_nothing_frozen(unfrozen, monkeypatch):
+    monkeypatch.setenv(FREEZE_ENV, "0")
+    assert freeze_trainer_and_workers(Group([0]))["async_rm/frozen_heap_objects/trainer"] == 0
+    assert gc.get_freeze_count() == 0

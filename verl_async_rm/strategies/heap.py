@@ -42,6 +42,9 @@ def freeze_worker_heaps(*worker_groups) -> int:
     return min(counts, default=0)
 
 
-def heap_metrics(trainer_frozen: int, workers_frozen: int) -> dict:
-    """Per step, so a run's log shows the freeze happened (0: it did not)."""
-    return {"async_rm/frozen_heap_objects/trainer": trainer_frozen, "async_rm/frozen_heap_objects/workers": workers_frozen}
+def freeze_trainer_and_workers(*worker_groups) -> dict:
+    """Freeze the workers of each group (see ``freeze_worker_heaps``), then this process; returns the
+    per-step metrics, so a run's log shows the freeze happened on both sides (0: it did not)."""
+    workers_frozen = freeze_worker_heaps(*worker_groups)
+    return {"async_rm/frozen_heap_objects/trainer": freeze_startup_heap(),
+            "async_rm/frozen_heap_objects/workers": workers_frozen}

@@ -51,7 +51,7 @@ from verl_async_rm.integration.decode import decode_requests, valid_response_len
 from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN, MASK, check_masking, mask_shape_from_config
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
-from verl_async_rm.strategies.heap import freeze_startup_heap, freeze_worker_heaps, heap_metrics
+from verl_async_rm.strategies.heap import freeze_trainer_and_workers
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
     UpdateCall,
@@ -238,8 +238,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         draws = drawn_batches(self.train_dataloader, current_epoch, self.config.trainer.total_epochs)
         lookahead = Lookahead(self.strategy.off_policy_steps)
         # after validation, before step 1: strategies/heap.py
-        workers_frozen = freeze_worker_heaps(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
-        self._heap_metrics = heap_metrics(freeze_startup_heap(), workers_frozen)
+        self._heap_metrics = freeze_trainer_and_workers(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
 
         while self.global_steps <= self.total_training_steps:
             if hasattr(self.actor_rollout_wg, "async_calls_finalize_fn_exec"):

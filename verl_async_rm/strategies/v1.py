@@ -45,7 +45,7 @@ from verl_async_rm.masking import (
     mask_shape_from_config,
 )
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
-from verl_async_rm.strategies.heap import freeze_startup_heap, freeze_worker_heaps, heap_metrics
+from verl_async_rm.strategies.heap import freeze_trainer_and_workers
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import (
     MAX_OFF_POLICY_STEPS,
@@ -203,8 +203,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def on_train_begin(self):
         super().on_train_begin()
         # after validation, before step 1: strategies/heap.py
-        workers_frozen = freeze_worker_heaps(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
-        self._heap_metrics = heap_metrics(freeze_startup_heap(), workers_frozen)
+        self._heap_metrics = freeze_trainer_and_workers(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
 
     # -- rewards through the agent ---------------------------------------------------------------
     def _submit(self, batch: KVBatchMeta) -> PendingRewards:
