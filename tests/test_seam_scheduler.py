@@ -5,6 +5,7 @@ tests/trainer/test_strategies.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import uuid
@@ -84,22 +85,32 @@ def layout(seed=0):
     return order, group_of_row
 
 
+def wait_until_scored(agent, count):
+    deadline = time.monotonic() + 30
+    while agent.client.metrics()["completed"] + agent.client.metrics()["failed"] < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def run_step(order_mode="completion", use_critic=False, epochs=1, delays=None, fails=(), controller=None,
-             shape_changes=None, pipelineable=True, agent_settings=None, all_scored_first=False, split_scored=False):
+             shape_changes=None, pipelineable=True, agent_settings=None, all_scored_first=False, split_scored=False,
+             merge=False, scored_first=None):
+    """``merge``: mini-batches found scored already share an update call (the default in a trainer;
+    off here unless asked, so the per-mini-batch tests do not depend on timing). ``scored_first``:
+    wait until this many samples are scored before training."""
     order, group_of_row = layout()
     strategy = StrategyConfig(True, 0, order_mode, split_scored_batches=split_scored)
     shape = TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N, ppo_epochs=epochs,
                          critic_epochs=epochs, use_critic=use_critic, adv_estimator="gae" if use_critic else "grpo",
                          **(shape_changes or {}))
-    plan = plan_mini_batches(strategy, shape)
+    plan = dataclasses.replace(plan_mini_batches(strategy, shape), merge_ready=merge)
     agent = rewards(**(agent_settings or {}))
     delays = delays or {g: 0.02 * ((g * 5) % PROMPTS) for g in range(PROMPTS)}  # groups finish out of order
     pending = agent.submit(requests_for(order, group_of_row, delays, fails))
     if all_scored_first:  # every reward in before training starts (an instant judge, scored while generating)
-        deadline = time.monotonic() + 30
-        while agent.client.metrics()["completed"] + agent.client.metrics()["failed"] < len(order):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until_scored(agent, len(order))
+    if scored_first is not None:
+        wait_until_scored(agent, scored_first)
     ops = FakeOps(order, pipelineable)
     scheduler = StepScheduler(strategy, plan, agent, use_critic=use_critic, reduce_lists=lambda d: {k: sum(v) / len(v) for k, v in d.items()})
     metrics = scheduler.train(ops, None, pending, update_actor=True, timing_raw={}, kl_controller=controller)
@@ -219,6 +230,62 @@ def test_a_batch_still_being_scored_when_training_starts_is_pipelined():
     ops, metrics, *_ = run_step("completion", delays={g: 0.3 if g == 0 else 0.0 for g in range(PROMPTS)})
     assert metrics["async_reward/pipelined"] == 1.0
     assert len([e for e in ops.events if e[0] == "update"]) == PROMPTS // MINI
+
+
+SLOW = 0.5  # s: a group still being scored when training starts
+
+
+def test_mini_batches_scored_already_share_one_update_call_in_completion_order():
+    """Six groups scored when training starts, two still out: the three mini-batches in hand go as one
+    call (load on it), the last as another (LR step and offload on it); advantages stay per
+    mini-batch, every row is trained once, in the order of the separate calls."""
+    slow = {3, 6}
+    ops, metrics, group_of_row, order, plan = run_step(
+        "completion", delays={g: SLOW if g in slow else 0.0 for g in range(PROMPTS)}, merge=True,
+        scored_first=(PROMPTS - len(slow)) * N)
+    updates = [e for e in ops.events if e[0] == "update"]
+    size = MINI * N
+    assert [len(u[4]) for u in updates] == [3 * size, size]
+    assert {group_of_row[r] for r in updates[1][4]} == slow
+    assert [u[3] for u in updates] == [False, True]  # the LR steps once, on the last call
+    assert metrics["async_reward/update_calls"] == 2 and metrics["async_reward/pipelined"] == 1.0
+    assert metrics["async_reward/actor_loads"] == 1 and metrics["async_reward/actor_offloads"] == 1
+    assert len([e for e in ops.events if e[0] == "adv"]) == PROMPTS // MINI
+    assert sorted(r for u in updates for r in u[4]) == list(range(PROMPTS * N))
+
+
+@pytest.mark.parametrize("slow_group", range(PROMPTS))
+def test_verls_mini_batches_scored_already_share_one_update_call_in_index_order(slow_group):
+    """Index order, one group still out when training starts: the mini-batches before the first one
+    it touches go as one call, the rest (all scored once it arrives) as another; the calls' rows,
+    joined, are verl's mini-batches in verl's order, each group advantaged before its rows train."""
+    ops, metrics, group_of_row, order, plan = run_step(
+        "index", delays={g: SLOW if g == slow_group else 0.0 for g in range(PROMPTS)}, merge=True,
+        scored_first=(PROMPTS - 1) * N)
+    size = MINI * N
+    first = min(i for i in range(PROMPTS // MINI) if slow_group in {group_of_row[r] for r in order[i * size:(i + 1) * size]})
+    updates = [e for e in ops.events if e[0] == "update"]
+    assert [len(u[4]) // size for u in updates] == ([first] if first else []) + [PROMPTS // MINI - first]
+    assert [r for u in updates for r in u[4]] == order
+    assert metrics["async_reward/update_calls"] == len(updates)
+    advantaged: set = set()
+    for event in ops.events:
+        if event[0] == "adv":
+            advantaged |= {group_of_row[r] for r in event[1]}
+        elif event[0] == "update":
+            assert {group_of_row[r] for r in event[4]} <= advantaged
+
+
+def test_merged_calls_keep_the_critic_on_whole_critic_mini_batches_and_later_epochs_whole():
+    ops, metrics, *_ = run_step(use_critic=True, epochs=2, shape_changes={"critic_mini_batch_size": 4}, merge=True,
+                                delays={g: SLOW if g == 5 else 0.0 for g in range(PROMPTS)}, scored_first=(PROMPTS - 1) * N)
+    updates = [e for e in ops.events if e[0] == "update"]
+    critic = [len(u[4]) if u[4] else None for u in updates if u[1] == "critic"]
+    actor = [len(u[4]) if u[4] else None for u in updates if u[1] == "actor"]
+    assert critic[-1] is None and sum(critic[:-1]) == 32 and all(n % 16 == 0 for n in critic[:-1])
+    assert actor[-1] is None and sum(actor[:-1]) == 32 and len(actor) < 5
+    assert metrics["async_reward/actor_loads"] == 1 and metrics["async_reward/actor_offloads"] == 1
+    assert metrics["async_reward/critic_loads"] == 1 and metrics["async_reward/critic_offloads"] == 1
 
 
 def test_a_batch_that_cannot_be_cut_into_whole_group_mini_batches_is_trained_whole():

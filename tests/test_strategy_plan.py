@@ -17,6 +17,7 @@ from verl_async_rm.strategies.plan import (
     StrategyConfig,
     TrainerShape,
     check_strategy,
+    merge_update_calls,
     plan_mini_batches,
     schedule_updates,
     shape_from_config,
@@ -172,6 +173,7 @@ def test_shape_is_read_from_verls_config():
     assert read == TrainerShape(
         use_v1=False, trainer_mode="sync", train_batch_size=16, rollout_n=4, ppo_mini_batch_size=4, ppo_epochs=2,
         use_critic=False, critic_mini_batch_size=8, critic_epochs=2, adv_estimator="grpo", reward_manager="dapo",
+        world_size=8,  # verl's default trainer.n_gpus_per_node; shuffle off by default
     )
     # the shape names every field check_strategy and plan_mini_batches read
     assert set(inspect.signature(TrainerShape).parameters) == set(TrainerShape.__dataclass_fields__)
@@ -223,6 +225,71 @@ def test_update_schedule_does_per_step_what_verls_one_call_does(mini_batches, cr
     for earlier, later in zip(calls, calls[1:]):
         end = lambda c: math.inf if c.pieces is None else c.pieces[-1]  # noqa: E731
         assert end(earlier) <= end(later)
+
+
+@given(
+    mini_batches=st.integers(2, 8),
+    critic_every=st.integers(1, 4),
+    actor_epochs=st.integers(1, 3),
+    use_critic=st.booleans(),
+    ready_after=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_merged_update_calls_train_what_the_separate_calls_train(mini_batches, critic_every, actor_epochs, use_critic,
+                                                                  ready_after):
+    """The scheduler holds a mini-batch's calls back while the next one is scored already, then sends
+    them merged (plan.merge_update_calls): whatever the runs of ready mini-batches, each role trains
+    every mini-batch once in epoch 1 and in order, loads once (first call), offloads and steps the LR
+    once (last call), and never trains a mini-batch before it is ready."""
+    if mini_batches % critic_every:
+        critic_every = 1
+    plan = MiniBatchPlan(8, mini_batches, critic_every, actor_epochs, actor_epochs, merge_ready=True)
+    schedule = schedule_updates(plan, use_critic=use_critic, update_actor=True)
+    sent, deferred = [], []
+    for part in range(mini_batches):
+        deferred += schedule.after_piece(part)
+        if part + 1 < mini_batches and ready_after[part]:  # the next mini-batch was scored already
+            continue
+        if deferred:
+            merged = merge_update_calls(deferred)
+            assert len(merged) == len({c.role for c in deferred})  # one call per role
+            sent += [(part, c) for c in merged]
+        deferred = []
+    sent += [(mini_batches, c) for c in schedule.later_epochs()]
+    for role in ["actor"] + (["critic"] if use_critic else []):
+        mine = [(part, c) for part, c in sent if c.role == role]
+        separate = [c for c in schedule.calls if c.role == role]
+        trained = [p for _, c in mine if c.pieces is not None for p in c.pieces]
+        assert trained == list(range(mini_batches))
+        assert all(max(c.pieces) <= part for part, c in mine if c.pieces is not None)  # sent once ready
+        calls = [c for _, c in mine]
+        assert [c.load for c in calls] == [True] + [False] * (len(calls) - 1)
+        assert [c.offload for c in calls] == [False] * (len(calls) - 1) + [True]
+        assert [c.step_lr for c in calls] == [False] * (len(calls) - 1) + [True]
+        assert sum(c.epochs for c in calls if c.pieces is None) == sum(c.epochs for c in separate if c.pieces is None)
+        assert len(calls) <= len(separate)
+
+
+def test_only_epoch_one_calls_of_consecutive_mini_batches_merge():
+    plan = MiniBatchPlan(8, 4, 1, 2, 2, merge_ready=True)
+    calls = schedule_updates(plan, use_critic=False, update_actor=True).calls
+    with pytest.raises(ValueError, match="epoch-1"):
+        merge_update_calls([calls[0], calls[-1]])  # the later-epochs call
+    with pytest.raises(ValueError, match="consecutive"):
+        merge_update_calls([calls[0], calls[2]])
+
+
+def test_merging_is_off_where_it_would_change_the_mini_batches():
+    """One call per mini-batch with split_scored_batches, with actor or critic shuffle (verl shuffles
+    a call's rows across its mini-batches) and on several devices (each rank gets a contiguous slice)."""
+    assert plan_mini_batches(PIPELINE, SHAPE).merge_ready
+    assert not plan_mini_batches(StrategyConfig(True, split_scored_batches=True), SHAPE).merge_ready
+    assert not plan_mini_batches(PIPELINE, shape(actor_shuffle=True)).merge_ready
+    assert not plan_mini_batches(PIPELINE, shape(adv_estimator="gae", use_critic=True, critic_shuffle=True)).merge_ready
+    assert plan_mini_batches(PIPELINE, shape(critic_shuffle=True)).merge_ready  # no critic: its shuffle is moot
+    assert not plan_mini_batches(PIPELINE, shape(world_size=2)).merge_ready
+    read = shape_from_config({"actor_rollout_ref": {"actor": {"shuffle": True}}, "critic": {"shuffle": False},
+                              "trainer": {"n_gpus_per_node": 4, "nnodes": 2}})
+    assert (read.actor_shuffle, read.critic_shuffle, read.world_size) == (True, False, 8)
 
 
 def test_reward_timing_overlap():

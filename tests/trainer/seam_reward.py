@@ -39,3 +39,14 @@ async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kw
     if extra_info.get("fail"):
         raise ValueError("injected failure")
     return {"score": float(ground_truth), "verdict": "ok", "part": float(ground_truth)}  # part: a GDPO component
+
+
+async def slow_some(data_source, solution_str, ground_truth, extra_info=None, slow_share=0.15, slow_s=1.5, **kwargs):
+    """``compute_score`` without failures, but about ``slow_share`` of the responses (the same hash as
+    the failures) answer after ``slow_s`` seconds: a batch's training starts with some groups still
+    out and the rest in hand, so the pipeline meets mini-batches that are scored already."""
+    import asyncio
+
+    if fails(solution_str, slow_share):
+        await asyncio.sleep(slow_s)
+    return compute_score(data_source, solution_str, ground_truth, extra_info, fail=False)

@@ -82,6 +82,10 @@ RUNS = {
                                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
                                *[f"algorithm.kl_ctrl.{k}={v}" for k, v in ADAPTIVE_KL.items()]], critic=True),
     ("v0", "baseline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2"], deterministic=True, steps=2, save_freq=2),
+    # The pipeline as users run it (no split_scored_batches): some responses answer 1.5 s late, so a
+    # step starts with mini-batches scored and others not; those found scored share an update call.
+    ("v0", "pipeline_merged"): dict(flags=["reward.custom_reward_function.name=slow_some", "mini_batch_pipeline=true",
+                                           *INDEX_ORDER], deterministic=True, steps=4, save_freq=2),
     ("v0", "pipeline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2", *PIPELINE, *INDEX_ORDER],
                                 deterministic=True, steps=2, save_freq=2),
     ("v1", "baseline"): dict(flags=[*NO_FAILURES, "trainer.test_freq=2"], validate=True),
@@ -284,6 +288,22 @@ def test_pipeline_in_verls_mini_batch_order_ends_with_the_baselines_parameters(r
         assert Counter(r["output"] for r in dumped(base_dir)[step]) == Counter(r["output"] for r in dumped(pipe_dir)[step])
     other = parameters(runs["v0", "baseline_e2" if epochs == 1 else "baseline"][0], 2)
     assert max((base[k] - other[k]).abs().max().item() for k in base) > 1e-3  # one more epoch shows
+
+
+def test_merged_update_calls_end_with_the_baselines_parameters(runs):
+    """Mini-batches found scored already go to the worker as one update call (plan.merge_update_calls):
+    verl splits it into the same mini-batches in the same order, so after 2 steps the parameters equal
+    the stock trainer's (to 1e-6, as the per-mini-batch pipeline's), with fewer calls than mini-batches."""
+    base_dir, _ = runs["v0", "baseline"]
+    merged_dir, result = runs["v0", "pipeline_merged"]
+    base, merged = parameters(base_dir, 2), parameters(merged_dir, 2)
+    assert max((base[k] - merged[k]).abs().max().item() for k in base) <= 1e-6
+    for step in (1, 2):  # the same generations, so the same batches met the two schedules
+        assert Counter(r["output"] for r in dumped(base_dir)[step]) == Counter(r["output"] for r in dumped(merged_dir)[step])
+    pipelined, calls = values(result, "async_reward/pipelined"), values(result, "async_reward/update_calls")
+    merged_steps = [c for p, c in zip(pipelined, calls) if p == 1.0 and c < 4]
+    assert merged_steps, (pipelined, calls)  # the pipeline ran, and merged some of its 4 mini-batch calls
+    assert all(c == 1 for p, c in zip(pipelined, calls) if p == 0.0)  # batches scored whole: verl's one call
 
 
 @pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 MAX_OFF_POLICY_STEPS = 4
 ON_STALE = ("wait", "drop")  # = pool.ON_STALE (plan stays import-free)
@@ -146,6 +146,9 @@ class TrainerShape:
     filter_groups: bool = False
     rollout_correction: bool = False  # algorithm.rollout_correction.rollout_is or rollout_rs set
     calculate_log_probs: bool = True  # verl 0.9.1 default
+    actor_shuffle: bool = False  # actor.shuffle / critic.shuffle: verl shuffles the rows of an update
+    critic_shuffle: bool = False  # call across its mini-batches (verl's default: off)
+    world_size: int = 1  # trainer.n_gpus_per_node x trainer.nnodes
 
 
 def _select(config: Any, dotted: str, default: Any = None) -> Any:
@@ -190,6 +193,9 @@ def shape_from_config(config: Any) -> TrainerShape:
         rollout_correction=bool(_select(config, "algorithm.rollout_correction.rollout_is")
                                 or _select(config, "algorithm.rollout_correction.rollout_rs")),
         calculate_log_probs=bool(_select(config, "actor_rollout_ref.rollout.calculate_log_probs", False)),
+        actor_shuffle=bool(_select(config, "actor_rollout_ref.actor.shuffle", False)),
+        critic_shuffle=bool(_select(config, "critic.shuffle", False)),
+        world_size=int(_select(config, "trainer.n_gpus_per_node", 1) or 1) * int(_select(config, "trainer.nnodes", 1) or 1),
     )
 
 
@@ -261,6 +267,12 @@ class MiniBatchPlan:
     critic_every: int = 1  # actor mini-batches per critic update call (whole critic mini-batches)
     actor_epochs: int = 1
     critic_epochs: int = 1
+    # Mini-batches whose rewards are all in by the time the one before them is ready share one update
+    # call per role (merge_update_calls). Off with split_scored_batches (always one call per
+    # mini-batch), with actor/critic shuffle (verl would shuffle rows across the merged mini-batches)
+    # and on more than one device (verl hands each data-parallel rank a contiguous slice of a call's
+    # rows, so a merged call's mini-batches would mix rows of neighbouring ones).
+    merge_ready: bool = False
 
 
 def plan_mini_batches(strategy: StrategyConfig, shape: TrainerShape) -> MiniBatchPlan:
@@ -296,7 +308,9 @@ def plan_mini_batches(strategy: StrategyConfig, shape: TrainerShape) -> MiniBatc
             raise ValueError(f"critic.ppo_mini_batch_size ({critic}) must divide data.train_batch_size ({train})")
         # The critic trains on whole critic mini-batches: it waits for enough actor mini-batches.
         critic_every = math.lcm(mini, critic) // mini
-    return MiniBatchPlan(mini * shape.rollout_n, train // mini, critic_every, **epochs)
+    shuffled = shape.actor_shuffle or (shape.use_critic and shape.critic_shuffle)
+    merge_ready = not strategy.split_scored_batches and not shuffled and shape.world_size == 1
+    return MiniBatchPlan(mini * shape.rollout_n, train // mini, critic_every, **epochs, merge_ready=merge_ready)
 
 
 @dataclass(frozen=True)
@@ -322,6 +336,28 @@ class UpdateSchedule:
 
     def later_epochs(self) -> list[UpdateCall]:
         return [c for c in self.calls if c.pieces is None]
+
+
+def merge_update_calls(calls: Sequence[UpdateCall]) -> list[UpdateCall]:
+    """``calls`` (epoch-1 calls of consecutive actor mini-batches, in schedule order) as one call per
+    role, critic first as verl updates it: pieces in order, the first call's load, the last call's
+    LR step and offload. verl's update splits the rows it is given into mini-batches in order (shuffle
+    off), so the merged call runs the same optimizer steps on the same rows as the calls it replaces:
+    the parameters are unchanged and the call's fixed cost (dispatch, data transfer, metrics) is paid
+    once. Why it matters: a mini-batch pipeline that finds several mini-batches scored at once (the
+    first and last steps of a run, a burst of answers) would otherwise pay that cost per mini-batch."""
+    merged: list[UpdateCall] = []
+    for role in ("critic", "actor"):
+        mine = [c for c in calls if c.role == role]
+        if not mine:
+            continue
+        if any(c.pieces is None or c.epochs != 1 for c in mine):
+            raise ValueError(f"only epoch-1 calls of whole mini-batches merge, got {mine}")
+        pieces = tuple(p for c in mine for p in c.pieces)
+        if list(pieces) != list(range(pieces[0], pieces[0] + len(pieces))):
+            raise ValueError(f"merged {role} calls must cover consecutive mini-batches in order, got {pieces}")
+        merged.append(UpdateCall(role, pieces, 1, step_lr=mine[-1].step_lr, load=mine[0].load, offload=mine[-1].offload))
+    return merged
 
 
 def schedule_updates(plan: MiniBatchPlan, *, use_critic: bool, update_actor: bool) -> UpdateSchedule:

@@ -199,6 +199,19 @@ class BatchRewards:
         except TimeoutError:
             return None
 
+    def take_ready(self, pending: PendingRewards, n: int) -> Optional[ScoredRows]:
+        """Whole groups totalling ``n`` requests in completion order if they are scored already, else
+        None with nothing taken (one ticket only)."""
+        if len(pending.tickets) != 1:
+            raise ValueError("taking part of a batch needs a batch of one group size")
+        ticket = pending.tickets[0]
+        if not ticket.remaining:
+            return None
+        try:
+            return self._take(pending, ticket, n, timeout=0)
+        except TimeoutError:
+            return None
+
     def take(self, pending: PendingRewards, n: Optional[int] = None) -> ScoredRows:
         """Whole groups totalling ``n`` requests in completion order (one ticket only), or everything
         left (``n`` None), blocking until they are scored."""

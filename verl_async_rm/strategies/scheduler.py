@@ -11,7 +11,9 @@ step functions; the control flow lives here once:
   mini-batch, as the rewards arrive: scores attached, advantages for the groups that just became
   complete (whole groups, each once), then the worker updates that mini-batch unlocks
   (``plan.schedule_updates``: epoch 1 piece by piece, the critic on whole critic mini-batches,
-  epochs 2..E over the whole batch as verl runs them). The KL controller moves once per step.
+  epochs 2..E over the whole batch as verl runs them). Mini-batches found scored already when the
+  one before them is ready share that one's update call (``plan.merge_update_calls``: the same
+  optimizer steps, one call's fixed cost). The KL controller moves once per step.
 
 Without the pipeline, or for a batch whose groups have several sizes (v1), the step takes every
 reward and runs verl's one whole-batch update: exactly the stock step.
@@ -29,7 +31,7 @@ import numpy as np
 from verl_async_rm.cost import usage_metrics
 from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASK, MASKED_SAMPLES_METRIC, decide
 from verl_async_rm.strategies.kl import DeferredKL
-from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, schedule_updates
+from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, merge_update_calls, schedule_updates
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows
 from verl_async_rm.strategies.timing import latency_metrics
 from verl_async_rm.strategies.workers import LOADS_METRIC, OFFLOADS_METRIC
@@ -188,9 +190,15 @@ class StepScheduler:
         masked: set = set()
         pieces: list[list] = []
         held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken, not yet trained
+        merge = pipelined and self.plan.merge_ready
+        ready_next = None  # (scored, piece): the next mini-batch, found scored already (merge)
+        deferred: list[UpdateCall] = []  # calls held back to share one call with the next mini-batch's
+        update_calls = 0
         for part in range(plan.mini_batches):
             with self.timer("reward_wait", timing_raw, color="yellow"):
-                if not pipelined:
+                if ready_next is not None:
+                    (scored, piece), ready_next = ready_next, None
+                elif not pipelined:
                     scored, piece = (scored if scored is not None else self.rewards.take(pending)), None
                 elif self.strategy.mini_batch_order == "completion":
                     scored = self.rewards.take(pending, plan.samples_per_mini_batch)
@@ -207,15 +215,28 @@ class StepScheduler:
                     rows = [row for row in (order if rows is None else rows) if row not in masked]
                 metrics.update(ops.advantages(batch, rows, kl))
             pieces.append(piece)
-            for call in schedule.after_piece(part):
+            deferred += schedule.after_piece(part)
+            if merge and part + 1 < plan.mini_batches:
+                # The next mini-batch scored already: nothing to overlap between the two, so their
+                # updates go as one call (plan.merge_update_calls); its scores are attached first.
+                found = self._ready_piece(pending, plan, part + 1, order, group_of_row, held, advantaged)
+                if found is not None:
+                    scored_next, piece_next, held = found
+                    ready_next = (scored_next, piece_next)
+                    continue
+            for call in (merge_update_calls(deferred) if merge and deferred else deferred):
                 call_rows = None if not pipelined else [row for p in call.pieces for row in pieces[p]]
                 self._update(ops, batch, call, call_rows, merger, timing_raw)
+                update_calls += 1
+            deferred = []
         for call in schedule.later_epochs():
             self._update(ops, batch, call, None, merger, timing_raw)
+            update_calls += 1
         metrics.update(merger.reduce(self.reduce_lists))
         if kl is not None:
             metrics.update(kl.flush())
         metrics["async_reward/pipelined"] = float(pipelined)
+        metrics["async_reward/update_calls"] = update_calls  # every role and epoch; merged calls count once
         return metrics
 
     def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict) -> set:
@@ -234,6 +255,21 @@ class StepScheduler:
         if decision.any:
             ops.mask(batch, list(decision.masked_rows))
         return set(decision.masked_rows)
+
+    def _ready_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
+        """Mini-batch ``part`` if every group it needs is scored already, without waiting: (its
+        scores, its rows, the groups held for later), or None (groups scored meanwhile stay held)."""
+        if self.strategy.mini_batch_order == "completion":
+            scored = self.rewards.take_ready(pending, plan.samples_per_mini_batch)
+            return None if scored is None else (scored, list(scored.rows), held)
+        size = plan.samples_per_mini_batch
+        needed = {group_of_row[row] for row in order[part * size : (part + 1) * size]} - advantaged
+        while not needed <= set(held.groups):
+            taken = self.rewards.take_group(pending, timeout=0)
+            if taken is None:
+                return None
+            held.extend(taken)
+        return self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
 
     def _take_index_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
         """verl's own mini-batch ``part``: rows [part*size, (part+1)*size) of the batch order. Takes
