@@ -1,7 +1,7 @@
 """The README's result tables and the end-to-end timeline, from the committed JSON in bench/results/.
 
     python bench/readme_tables.py                 # print every table; redraw bench/results/e2e_timeline.png
-    python bench/readme_tables.py --write-readme  # the same, and replace the e2e block in README.md
+    python bench/readme_tables.py --write-readme  # the same, and replace the e2e blocks in README.md
 
 tests/test_e2e_report.py checks that the README quotes every table verbatim, so a regenerated result
 whose tables were not pasted (or written) fails the quick loop.
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_throughput import markdown as agent_markdown  # noqa: E402
 from bench.backpressure import markdown as backpressure_markdown  # noqa: E402
-from bench.e2e import STOCK  # noqa: E402
+from bench.e2e import STOCK, goals, timing_table  # noqa: E402
 from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
 from verl_async_rm.demo import ModeResult, draw_timeline  # noqa: E402
@@ -31,6 +31,10 @@ E2E_TIMELINE = RESULTS / "e2e_timeline.png"
 # The e2e block of README.md lies between these two lines (both kept by --write-readme).
 E2E_BEGIN = "<!-- e2e tables: python bench/readme_tables.py --write-readme -->"
 E2E_END = "<!-- /e2e tables -->"
+# A focused rerun of the tail_1x goal cell with more seeds (its command is in the JSON and the README).
+E2E_TAIL = RESULTS / "e2e_tail_1x.json"
+E2E_TAIL_BEGIN = "<!-- e2e tail_1x tables: python bench/readme_tables.py --write-readme -->"
+E2E_TAIL_END = "<!-- /e2e tail_1x tables -->"
 TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
 TIMELINE_MODES = (STOCK, "both", "tail", "tail_drop")
 
@@ -38,11 +42,21 @@ TIMELINE_MODES = (STOCK, "both", "tail", "tail_drop")
 def tables() -> dict[str, str]:
     return {
         "demo": demo_markdown(json.loads((RESULTS / "demo" / "demo.json").read_text())["table"]),
-        "e2e": e2e_markdown(json.loads((RESULTS / "e2e.json").read_text())),
+        "e2e": e2e_markdown(e2e_report(RESULTS / "e2e.json")),
         "agent": agent_markdown(json.loads((RESULTS / "agent_throughput.json").read_text())),
         "backpressure": backpressure_markdown(json.loads((RESULTS / "backpressure.json").read_text())),
         "fault_suite": fault_markdown(json.loads((RESULTS / "fault_suite.json").read_text())),
+        **({"e2e_tail_1x": e2e_markdown(e2e_report(E2E_TAIL))} if E2E_TAIL.exists() else {}),
     }
+
+
+def e2e_report(path: Path) -> dict:
+    """An e2e report with its timing table and goals derived again from its per-run records, so a
+    figure added to bench/e2e.py since the run (e.g. the middle-steps column) is shown for it too."""
+    report = json.loads(path.read_text())
+    report["timing"] = timing_table(report["records"])
+    report["goals"] = goals(report["timing"], report["learning"], report["comparisons"])
+    return report
 
 
 def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
@@ -74,13 +88,13 @@ def draw_e2e_timeline(path: Path = E2E_TIMELINE) -> str:
     return title
 
 
-def write_readme(e2e_table: str, readme: Path = README) -> None:
+def write_readme(e2e_table: str, readme: Path = README, begin: str = E2E_BEGIN, end: str = E2E_END) -> None:
     text = readme.read_text()
-    if E2E_BEGIN not in text or E2E_END not in text:
-        raise SystemExit(f"{readme} has no e2e block ({E2E_BEGIN!r} ... {E2E_END!r}); add the two lines first")
-    head, rest = text.split(E2E_BEGIN, 1)
-    _, tail = rest.split(E2E_END, 1)
-    readme.write_text(f"{head}{E2E_BEGIN}\n{e2e_table}{E2E_END}{tail}")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no e2e block ({begin!r} ... {end!r}); add the two lines first")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{e2e_table}{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timeline ({draw_e2e_timeline()}): {E2E_TIMELINE.relative_to(ROOT)}")
     if args.write_readme:
         write_readme(all_tables["e2e"])
-        print(f"README.md: e2e block rewritten")
+        if "e2e_tail_1x" in all_tables:
+            write_readme(all_tables["e2e_tail_1x"], begin=E2E_TAIL_BEGIN, end=E2E_TAIL_END)
+        print("README.md: e2e blocks rewritten")
     return 0
 
 

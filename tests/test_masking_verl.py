@@ -8,6 +8,7 @@ same gradient through verl's own ``ppo_loss`` (the loss its engine workers run);
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from pathlib import Path
@@ -87,7 +88,9 @@ def generated_batch(seed: int):
     return batch, scores, failing, group_of_row
 
 
-def run_masked_step(estimator: str, pipeline: bool, seed: int = 0):
+def run_masked_step(estimator: str, pipeline: bool, seed: int = 0, merge: bool = False):
+    """``merge``: mini-batches found scored already share an update call (a trainer's default); off
+    unless asked, so the pipeline cases see one call per mini-batch whatever the timing."""
     batch, scores, failing, group_of_row = generated_batch(seed)
     base = batch.select_idxs(list(range(len(batch))))  # an untouched copy
     config = OmegaConf.create({
@@ -102,6 +105,7 @@ def run_masked_step(estimator: str, pipeline: bool, seed: int = 0):
     strategy = StrategyConfig(pipeline, 0 if pipeline else 1, "completion")
     plan = plan_mini_batches(strategy, TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N,
                                                     use_critic=use_critic, critic_mini_batch_size=MINI, adv_estimator=estimator))
+    plan = dataclasses.replace(plan, merge_ready=merge)
     rewards = BatchRewards(config, tokenizer=None)
     requests = [{"index": r, "solution_str": f"r{r}", "ground_truth": scores[r], "data_source": "t", "uid": group_of_row[r],
                  "extra_info": {"fail": r in failing, "delay": 0.001 * (r % 5)}} for r in range(len(batch))]
@@ -130,12 +134,15 @@ def usable_rows(failing, group_of_row):
     return [r for r, g in enumerate(group_of_row) if r not in failing and usable[g] >= 2]
 
 
-CASES = [(e, False) for e in sorted(MASKABLE_ESTIMATORS)] + [(e, True) for e in sorted(GROUP_EXACT)]
+CASES = [(e, False, False) for e in sorted(MASKABLE_ESTIMATORS)] + [(e, True, False) for e in sorted(GROUP_EXACT)]
+CASES += [("grpo", True, True)]  # merged update calls: advantages still per mini-batch, the calls fewer
 
 
-@pytest.mark.parametrize("estimator,pipeline", CASES, ids=[f"{e}-{'pipeline' if p else 'whole'}" for e, p in CASES])
-def test_the_update_receives_masked_rows_out_of_the_loss_and_the_others_advantages_as_if_they_never_existed(estimator, pipeline):
-    base, scores, failing, group_of_row, trainer, metrics, batch = run_masked_step(estimator, pipeline)
+@pytest.mark.parametrize("estimator,pipeline,merge", CASES,
+                         ids=[f"{e}-{'pipeline' if p else 'whole'}{'-merged' if m else ''}" for e, p, m in CASES])
+def test_the_update_receives_masked_rows_out_of_the_loss_and_the_others_advantages_as_if_they_never_existed(estimator, pipeline,
+                                                                                                            merge):
+    base, scores, failing, group_of_row, trainer, metrics, batch = run_masked_step(estimator, pipeline, merge=merge)
     keep = usable_rows(failing, group_of_row)
     masked = sorted(set(range(len(base))) - set(keep))
     assert len(masked) == len(failing) + 1  # the failures, and the one survivor of the dropped group
@@ -144,7 +151,11 @@ def test_the_update_receives_masked_rows_out_of_the_loss_and_the_others_advantag
                                   norm_adv_by_std_in_grpo=True, config=trainer.config.algorithm)
     expected = dict(zip(keep, reference.batch["advantages"]))
     actor_calls = [piece for role, piece in trainer.received if role == "actor"]
-    assert len(actor_calls) == (PROMPTS // MINI if pipeline else 1)
+    if merge:  # as many calls as runs of mini-batches found scored together: timing decides, never more than 4
+        assert 1 <= len(actor_calls) <= PROMPTS // MINI and metrics["async_reward/update_calls"] == len(actor_calls)
+        assert sum(len(piece) for piece in actor_calls) == PROMPTS * N
+    else:
+        assert len(actor_calls) == (PROMPTS // MINI if pipeline else 1)
     trained = 0
     for piece in actor_calls:
         for i in range(len(piece)):
