@@ -1,15 +1,32 @@
 """A stand-in for verl's entry point in the launcher's start-gate test: it 'starts up', waits at the
-gate exactly as verl's trainer does with the CPU backend's patch, then writes one metrics line."""
+gate exactly as verl's trainer does with the CPU backend's patch, then writes one metrics line.
+With ``FAKE_TRAINER_BUSY_CHILD=1`` it first starts a child that keeps a core busy until the trainer
+exits (as a parked run's Ray cluster keeps taking CPU)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 from verl_async_rm.cpu_backend.start_gate import GATE_ENV, wait_at_gate
 
+BUSY_CHILD = """
+import os, sys
+parent = int(sys.argv[1])
+while True:
+    for _ in range(100_000):
+        pass
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+"""
+
 if __name__ == "__main__":
+    if os.environ.get("FAKE_TRAINER_BUSY_CHILD"):
+        subprocess.Popen([sys.executable, "-c", BUSY_CHILD, str(os.getpid())])
     wait_at_gate(os.environ[GATE_ENV])
     with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
         f.write(json.dumps({"step": 1, "data": {"training/global_step": 1, "timing_s/step": 0.5}}) + "\n")

@@ -9,6 +9,7 @@ import threading
 import time
 import types
 
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT
 from verl_async_rm import demo
 from verl_async_rm.cpu_backend import start_gate
-from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer
+from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer, park_at_gates
 
 pytestmark = pytest.mark.quick
 
@@ -61,10 +62,10 @@ def test_wait_at_gate_can_time_out(tmp_path):
         start_gate.wait_at_gate(tmp_path / "gate", timeout_s=0.1)
 
 
-def _fake_cfg(tmp_path, **kw) -> CPURunConfig:
+def _fake_cfg(tmp_path, env: dict | None = None, **kw) -> CPURunConfig:
     return CPURunConfig(out_dir=str(tmp_path / "run"), model_dir=str(tmp_path), train_file="t.parquet",
                         val_file="v.parquet", entry_module="tests.fake_gated_trainer", start_gate=True,
-                        timeout_s=60, extra_env={"PYTHONPATH": str(ROOT)}, **kw)
+                        timeout_s=60, extra_env={"PYTHONPATH": str(ROOT), **(env or {})}, **kw)
 
 
 def test_the_launcher_holds_a_run_at_its_gate_until_opened(tmp_path, monkeypatch):
@@ -83,6 +84,57 @@ def test_the_launcher_holds_a_run_at_its_gate_until_opened(tmp_path, monkeypatch
         lane.close()
     assert result.ok and result.series("timing_s/step") == [(1, 0.5)]
     assert 0 < result.gate_reached_s <= result.gate_opened_s <= result.wall_time_s
+
+
+def _busy_child(lane):
+    children = psutil.Process(lane.proc.pid).children()
+    assert len(children) == 1
+    return children[0]
+
+
+def _cpu_s(p) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def test_a_run_parked_at_its_gate_is_frozen_until_its_gate_opens(tmp_path, monkeypatch):
+    # A parked run's processes must take no CPU from the run that trains (issue 14: the first run of
+    # an e2e start-up group took 7% longer than its cell's median); opening the gate resumes them.
+    monkeypatch.chdir(ROOT)
+    lanes = [RunningTrainer(_fake_cfg(tmp_path / str(i), env={"FAKE_TRAINER_BUSY_CHILD": "1"}))
+             for i in range(2)]
+    try:
+        park_at_gates(lanes, poll_s=0.05)
+        assert all(lane.at_gate and lane.frozen for lane in lanes)
+        busy = [_busy_child(lane) for lane in lanes]
+        assert all(p.status() == psutil.STATUS_STOPPED for p in busy)
+        assert all(psutil.Process(lane.proc.pid).status() == psutil.STATUS_STOPPED for lane in lanes)
+        before = [_cpu_s(p) for p in busy]
+        time.sleep(0.5)
+        assert [_cpu_s(p) for p in busy] == before  # frozen: not a tick of CPU
+        lanes[0].open_gate()
+        time.sleep(0.5)
+        assert _cpu_s(busy[0]) > before[0] + 0.1 and _cpu_s(busy[1]) == before[1]  # only the opened one runs
+        result = lanes[0].wait(poll_s=0.05)
+        assert result.ok and result.series("timing_s/step") == [(1, 0.5)]
+        # closing a frozen run ends it at once (a stopped process would hold SIGTERM until continued)
+        started = time.monotonic()
+        lanes[1].close()
+        assert time.monotonic() - started < 5 and not psutil.pid_exists(lanes[1].proc.pid)
+        busy[1].wait(timeout=5)  # its child sees the trainer gone and ends
+    finally:
+        for lane in lanes:
+            lane.close()
+
+
+def test_only_a_run_waiting_at_its_gate_can_be_frozen(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    lane = RunningTrainer(_fake_cfg(tmp_path))
+    try:
+        with pytest.raises(ValueError, match="start gate"):
+            lane.freeze()
+    finally:
+        lane.close()
 
 
 def test_the_gate_needs_a_validation_before_step_one(tmp_path):

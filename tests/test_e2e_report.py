@@ -137,6 +137,25 @@ def test_the_middle_steps_figure_leaves_out_the_first_and_last_step_only():
     goal = next(g for g in goals(timing_table(records), [], []) if g["goal"].startswith("both hides"))
     assert goal["pass"] is False  # judged on the whole loop
     assert "steps 2..N-1: 95%" in e2e._goal_figure(goal)
+    # the fill and the drain, in seconds over the same step with an instant judge (11/4 - 10/4 = 0.25 a step)
+    assert both["first_step_minus_same_mode_bound_s"]["median"] == pytest.approx(2.25)
+    assert both["last_step_minus_same_mode_bound_s"]["median"] == pytest.approx(1.25)
+    assert e2e._first_last(both) == "+2.25 / +1.25"
+
+
+@quick
+def test_the_harness_check_compares_each_run_with_its_cells_median_by_place_in_the_queue():
+    records = synthetic()
+    for i, r in enumerate(records):
+        r["queue_position"] = i % 3
+    records[0]["queue_position"] = None  # a run started alone
+    for r in records:  # the first place 10% slower than the rest of its cell
+        if r["queue_position"] == 0:
+            r["loop_time_s"] *= 1.1
+    rows = {row["queue_position"]: row["loop_time_over_cell_median"] for row in e2e.queue_bias(records)}
+    assert set(rows) == {0, 1, 2} and rows[1]["n"] + rows[2]["n"] + rows[0]["n"] == len(records) - 1
+    assert rows[0]["median"] > 1.05 > rows[2]["median"]
+    assert e2e.queue_bias([{**r, "queue_position": None} for r in records]) == []
 
 
 @quick
@@ -469,7 +488,7 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
             self.cfg, self.name = cfg, Path(cfg.out_dir).name
             self.gate = str(tmp_path / f"gate-{self.name}")
             self.gate_reached_s = self.gate_opened_s = self.ended_s = None
-            self.log_path, self.polls = "log", 0
+            self.log_path, self.polls, self.frozen = "log", 0, False
             events.append(("start", self.name, cfg.start_gate))
 
         @property
@@ -485,9 +504,17 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
                 self.gate_reached_s = 30.0
             return False
 
+        def freeze(self):
+            assert self.at_gate
+            if not self.frozen:
+                self.frozen = True
+                events.append(("freeze", self.name))
+
         def open_gate(self):
             if phase == ["together"]:
                 assert [e[0] for e in events[:3]] == ["start"] * 3  # every start-up began before any training
+            assert self.frozen  # parked frozen: it took no CPU from the runs before it
+            self.frozen = False
             self.gate_opened_s = 40.0
             events.append(("open", self.name))
             passed_marker(self.gate).write_text("1000.0\n")
@@ -511,6 +538,7 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
                     tmp_path / name, assets) for name in ("first", "broken", "third")]
     outcomes = e2e.execute_group(jobs, steps=3, progress=False, parallel=3)
     assert events == [("start", "first", True), ("start", "broken", True), ("start", "third", True),
+                      ("freeze", "first"), ("freeze", "third"),  # both parked before either trains
                       ("open", "first"), ("done", "first"), ("open", "third"), ("done", "third")]
     assert isinstance(outcomes[1], RuntimeError) and "ended before training" in str(outcomes[1])
     first = outcomes[0]
@@ -519,8 +547,8 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
     events.clear()
     phase[0] = "alone"
     outcomes = e2e.execute_group(jobs[:1] + jobs[2:], steps=3, progress=False, parallel=3)
-    assert events == [("start", "first", True), ("open", "first"), ("done", "first"),  # still through the gate
-                      ("start", "third", True), ("open", "third"), ("done", "third")]
+    assert events == [("start", "first", True), ("freeze", "first"), ("open", "first"), ("done", "first"),  # still through the gate
+                      ("start", "third", True), ("freeze", "third"), ("open", "third"), ("done", "third")]
     assert all(isinstance(o, e2e.Outcome) for o in outcomes)
 
 

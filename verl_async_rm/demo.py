@@ -41,6 +41,7 @@ from verl_async_rm.cpu_backend.launch import (
     CPURunConfig,
     RunningTrainer,
     RunResult,
+    park_at_gates,
     prepare_assets,
     run,
     toy_reward_path,
@@ -301,8 +302,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
                                   extra_overrides=extra_overrides)
                 lanes[mode] = RunningTrainer(cfg, say=_lane_say(mode, progress))
             print(f"starting {', '.join(group)} together (Ray, workers, validation)...", flush=True)
-            while not all(lane.at_gate or lane.poll() for lane in lanes.values()):
-                time.sleep(poll_s)
+            park_at_gates(list(lanes.values()), poll_s)
             rss_mb = {mode: tree_rss_mb(lane.proc.pid) for mode, lane in lanes.items()}
             for mode, lane in lanes.items():
                 if lane.ended_s is not None:

@@ -189,21 +189,13 @@ class BatchRewards:
     def take_if_all_scored(self, pending: PendingRewards) -> Optional[ScoredRows]:
         """Every remaining group of ``pending`` if all of them are scored already, else None with
         nothing taken (one ticket only: the pipeline's batches)."""
-        if len(pending.tickets) != 1:
-            raise ValueError("taking a whole batch at once without waiting needs a batch of one group size")
-        ticket = pending.tickets[0]
-        if not ticket.remaining:
-            return None
-        try:
-            return self._take(pending, ticket, None, timeout=0)
-        except TimeoutError:
-            return None
+        return self.take_ready(pending, None)
 
-    def take_ready(self, pending: PendingRewards, n: int) -> Optional[ScoredRows]:
-        """Whole groups totalling ``n`` requests in completion order if they are scored already, else
-        None with nothing taken (one ticket only)."""
+    def take_ready(self, pending: PendingRewards, n: Optional[int]) -> Optional[ScoredRows]:
+        """Whole groups totalling ``n`` requests (``None``: every remaining one) in completion order if
+        they are scored already, else None with nothing taken (one ticket only)."""
         if len(pending.tickets) != 1:
-            raise ValueError("taking part of a batch needs a batch of one group size")
+            raise ValueError("taking a batch without waiting needs a batch of one group size (one ticket)")
         ticket = pending.tickets[0]
         if not ticket.remaining:
             return None
