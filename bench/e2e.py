@@ -262,7 +262,10 @@ def run_key(run: Run, steps: int, settings: dict, fingerprint: str) -> str:
 # one run
 # ------------------------------------------------------------------------------------------------
 
-EXTRA_PREFIXES = ("async_rm/", "async_reward/", "val-core/")
+# timing_s/old_log_prob: the same worker call on the same batch in every mode, so a check on the
+# machine's pace in each run (a mode's slower update means little if this pass slowed as much)
+SAME_WORK_KEY = "timing_s/old_log_prob"
+EXTRA_PREFIXES = ("async_rm/", "async_reward/", "val-core/", SAME_WORK_KEY)
 
 
 def extra_series(metrics: list[dict]) -> dict[str, list[float]]:
@@ -463,7 +466,7 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         "groups_carried": last("async_rm/groups_carried", lambda v: v[-1]),
         "groups_dropped_stale": last("async_rm/groups_dropped_stale", lambda v: v[-1]),
         "off_policy_steps_chosen": last("async_rm/off_policy_steps", lambda v: float(np.mean(v))),
-        "step_times": summary.step_times, "phases": summary.phases, "blocked": summary.blocked, "scores": summary.scores,
+        "step_times": summary.step_times, "phases": summary.phases, "same_work_s": extra.get(SAME_WORK_KEY), "blocked": summary.blocked, "scores": summary.scores,
         # (start, end) of each judge call, seconds from the loop's start: the timeline's rewards in flight
         "judge_calls": [[round(a, 3), round(b, 3)] for a, b in getattr(summary, "judge_calls", [])],
         # the shared machine's 1-min load average around the run (other engineers' jobs): context for outliers

@@ -279,15 +279,18 @@ def test_records_carry_the_held_out_reward_before_and_after_training():
 def test_records_carry_the_trainers_staleness_metrics_and_tolerate_their_absence():
     summary = ModeResult("tail", [1.0, 1.2, 0.9], {"gen": [0.3] * 3}, [0.1, 0.0, 0.2], [0.2, 0.3, 0.4])
     extra = e2e.extra_series([{"step": s, "data": {"async_rm/staleness/mean": m, "async_rm/staleness/max": x,
-                                                   "async_rm/groups_carried": c, "critic/score/mean": 0.3}}
+                                                   "async_rm/groups_carried": c, "critic/score/mean": 0.3,
+                                                   "timing_s/old_log_prob": 0.1 * s, "timing_s/update_actor": 0.2}}
                               for s, (m, x, c) in enumerate([(0.0, 0, 0), (0.5, 1, 2), (1.0, 2, 3)], 1)])  # carried: cumulative
-    assert set(extra) == {"async_rm/staleness/mean", "async_rm/staleness/max", "async_rm/groups_carried"}
+    assert set(extra) == {"async_rm/staleness/mean", "async_rm/staleness/max", "async_rm/groups_carried",
+                          "timing_s/old_log_prob"}
     settings = {"judge": {}, "overrides": [], "decode_s": 0.0}
     record = record_of(Run("v1", 0, "tail_1x", "tail"), settings, e2e.Outcome(summary, extra, 50.0, {}))
     assert record["staleness_mean"] == 0.5 and record["staleness_max"] == 2 and record["groups_carried"] == 3
     assert record["groups_dropped_stale"] is None and record["loop_time_s"] == pytest.approx(3.1)
+    assert record["same_work_s"] == pytest.approx([0.1, 0.2, 0.3])  # the machine's pace, step by step
     bare = record_of(Run("v1", 0, "tail_1x", "baseline"), settings, e2e.Outcome(summary, {}, 50.0, {}))
-    assert bare["staleness_mean"] is None and bare["staleness_max"] is None
+    assert bare["staleness_mean"] is None and bare["staleness_max"] is None and bare["same_work_s"] is None
 
 
 # ---------------------------------------------------------------------------------------------- main
