@@ -688,8 +688,7 @@ def queue_bias(records: list[dict]) -> list[dict]:
     """A check on the harness, not on a mode: per place in the start-up queue (how many runs of its
     group trained before it), each run's loop time over its cell's median (same trainer, regime and
     mode). Runs of a group start up together and train one at a time, the others frozen at their
-    gates; were a parked run to take CPU, the first place would be the slowest (issue 14: 7% over the
-    median before the freeze, the third 6% under)."""
+    gates; were a parked run to take CPU, the first place would be the slowest."""
     cells: dict[tuple, list[float]] = {}
     for r in records:
         cells.setdefault((r["trainer"], r["regime"], r["mode"]), []).append(r["loop_time_s"])

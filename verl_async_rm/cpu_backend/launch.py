@@ -307,15 +307,36 @@ def _describe(entry: dict) -> str:
     return " ".join(parts)
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """End the trainer and everything it started (Ray GCS, raylet, workers), by pid."""
+def _process_tree(proc: subprocess.Popen) -> list:
+    """The trainer and everything it started (Ray GCS, raylet, workers), by pid."""
     import psutil
 
     try:
         parent = psutil.Process(proc.pid)
-        procs = parent.children(recursive=True) + [parent]
+        return parent.children(recursive=True) + [parent]
     except psutil.NoSuchProcess:
-        procs = []
+        return []
+
+
+def _ray_processes(ray_tmp_dir: str) -> list:
+    """Ray processes of *this* run, wherever they are parented (they mention its temp dir)."""
+    import psutil
+
+    me, found = os.getpid(), []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != me and any(ray_tmp_dir in (a or "") for a in (p.info["cmdline"] or [])):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """End the trainer and everything it started: SIGTERM, then SIGKILL after 10 s."""
+    import psutil
+
+    procs = _process_tree(proc)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -329,53 +350,32 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             pass
 
 
-def _run_processes(proc: subprocess.Popen, ray_tmp_dir: str) -> list:
-    """The trainer, everything it started, and any Ray process of this run (they mention its temp dir)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(proc.pid)
-        procs = {p.pid: p for p in parent.children(recursive=True) + [parent]}
-    except psutil.NoSuchProcess:
-        procs = {}
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["pid"] not in procs and any(ray_tmp_dir in (a or "") for a in (p.info["cmdline"] or [])):
-                procs[p.info["pid"]] = p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return list(procs.values())
-
-
-def _signal_run(proc: subprocess.Popen, ray_tmp_dir: str, sig: int) -> int:
+def _signal_run(proc: subprocess.Popen, ray_tmp_dir: str, sig: int) -> None:
     """Send ``sig`` to every process of the run until no new one appears (a process started while we
-    signal is caught by the next pass); returns how many were signalled."""
+    signal is caught by the next pass)."""
     import psutil
 
     done: set[int] = set()
     for _ in range(5):
-        fresh = [p for p in _run_processes(proc, ray_tmp_dir) if p.pid not in done]
+        fresh = {p.pid: p for p in _process_tree(proc) + _ray_processes(ray_tmp_dir) if p.pid not in done}
         if not fresh:
             break
-        for p in fresh:
+        for pid, p in fresh.items():
             try:
                 p.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-            done.add(p.pid)
-    return len(done)
+            done.add(pid)
 
 
 def _reap_ray_leftovers(ray_tmp_dir: str) -> None:
-    """Kill Ray processes of *this* run that outlived the driver (they mention our temp dir)."""
+    """Kill Ray processes of *this* run that outlived the driver."""
     import psutil
 
-    me = os.getpid()
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    for p in _ray_processes(ray_tmp_dir):
         try:
-            if p.info["pid"] != me and any(ray_tmp_dir in (a or "") for a in (p.info["cmdline"] or [])):
-                p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            p.kill()
+        except psutil.NoSuchProcess:
             pass
 
 
@@ -460,11 +460,10 @@ class RunningTrainer:
     def freeze(self) -> None:
         """Stop every process of a run waiting at its gate (SIGSTOP) until :meth:`open_gate`.
 
-        Why: a parked run is not idle. Its Ray cluster (GCS, raylet, a dozen workers) keeps ~0.1 of a
-        core busy (measured: three runs at their gates kept 15% of the 2 cores busy, an idle machine
-        0.3%), so a run that trains while two others wait lost ~10% of the machine, by its place in
-        the queue: in the e2e benchmark's tail_1x records the first run of a start-up group took 7%
-        longer than its cell's median and the third 6% less. Frozen, they take nothing (1% busy)."""
+        Why: a parked run is not idle. Its Ray cluster (GCS, raylet, a dozen workers) keeps part of a
+        core busy, so a run that trained while others waited lost CPU by its place in the queue (the
+        e2e report's ``queue_bias`` checks it; the demo's first lane took 9.1 s unfrozen, 6.6-6.8 s
+        frozen). Frozen, they take nothing."""
         if not self.at_gate:
             raise ValueError("only a run waiting at its start gate can be frozen")
         if not self.frozen:
