@@ -102,7 +102,10 @@ def run_masked_step(estimator: str, pipeline: bool, seed: int = 0, merge: bool =
                       "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [GDPO_KEY]},
     })
     use_critic = estimator == "gae"
-    strategy = StrategyConfig(pipeline, 0 if pipeline else 1, "completion")
+    # Unmerged pipeline cases split even a batch scored whole by the time it trains (on a loaded
+    # machine the 0-4 ms rewards all land first): one update call per mini-batch, not a race.
+    strategy = dataclasses.replace(StrategyConfig(pipeline, 0 if pipeline else 1, "completion"),
+                                   split_scored_batches=pipeline and not merge)
     plan = plan_mini_batches(strategy, TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N,
                                                     use_critic=use_critic, critic_mini_batch_size=MINI, adv_estimator=estimator))
     plan = dataclasses.replace(plan, merge_ready=merge)
