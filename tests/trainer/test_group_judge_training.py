@@ -4,12 +4,12 @@ chat call per GRPO group, through the real ``openai`` client. One run (~1 min)."
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from tests.trainer.rollout_dump import dump_rows
 from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
 from verl_async_rm.cpu_backend.toy_task import score_text
 from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig, group_prompt
@@ -40,8 +40,7 @@ def test_a_group_judge_trains_with_the_pipeline_and_off_policy_on(tmp_path):
         result = run(cfg, progress=False)
         stats = server.stats()
     assert result.ok, f"training failed (rc {result.returncode}); log in {tmp_path}"
-    steps = {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()]
-             for p in sorted((tmp_path / "rollouts").glob("*.jsonl"))}
+    steps = {int(p.stem): dump_rows(p) for p in sorted((tmp_path / "rollouts").glob("*.jsonl"))}
     assert sorted(steps) == list(range(1, STEPS + 1))
     for step, rows in steps.items():
         groups = defaultdict(list)

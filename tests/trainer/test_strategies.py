@@ -30,6 +30,7 @@ import torch
 
 from tests.conftest import ROOT
 from tests.trainer import multi_output_loop
+from tests.trainer.rollout_dump import dump_rows
 from tests.trainer.seam_reward import fails
 from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
 from verl_async_rm.cpu_backend.toy_task import score_text, write_dataset
@@ -141,7 +142,7 @@ def train(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides: str)
 def dumped(out_dir: Path) -> dict[int, list[dict]]:
     """The rollout dump per step, without v1's synthetic padding rows."""
     return {
-        int(path.stem): [row for row in map(json.loads, path.read_text().splitlines()) if not row.get("uid", "").startswith("pad")]
+        int(path.stem): [row for row in dump_rows(path) if not row.get("uid", "").startswith("pad")]
         for path in sorted((out_dir / "rollouts").glob("*.jsonl"))
     }
 
