@@ -12,7 +12,7 @@ manager. A run is (trainer, seed, regime, mode):
   that the agent's deadline settles), ``fail20`` (``tail_1x`` with 20% of judge calls failing);
 - modes: ``baseline`` (verl's stock trainer, rewards scored per sample in verl's agent loop), the
   strategies (``both``: mini-batch pipeline + one step off-policy; ``tail``: the tail-tolerant pool
-  with bounded staleness), and, under failures, stock verl, ``both_neutral`` and ``both_mask``.
+  with bounded staleness; ``tail_drop`` and ``tail_s6``: its variants), and, under failures, stock verl, ``both_neutral`` and ``both_mask``.
 
 Figures, per (trainer, regime, mode), median [min, max] over seeds, ratios paired within a seed:
 loop time (sum of step times: Ray start-up and the warm-up absorbed by a validation pass are left
@@ -94,11 +94,17 @@ TAIL = ["off_policy_steps=auto", "max_staleness=2", "on_stale=wait"]
 # The same pool, but a group still unscored when it is due is dropped (counted) instead of waited
 # for: with hangs that only a deadline settles, the step never waits for one.
 TAIL_DROP = ["off_policy_steps=auto", "max_staleness=2", "on_stale=drop"]
+# The waiting pool with a bound that outlasts the deadline: in `heavy_2.5x` a hung call is settled
+# 5C after it is sent, and a group may be carried 6 steps (each about C) before it is due, so no step
+# waits for a hang's group at its bound. It tells how much of `tail`'s exposed wait is the bound (the
+# rest: too few scored groups in a pool fed one batch a step, and the last step's slowest group).
+TAIL_S6 = ["off_policy_steps=auto", "max_staleness=6", "on_stale=wait"]
 MODES: dict[str, list[str]] = {
     STOCK: [],
     **{m: o for m, o in DEMO_MODES.items() if m not in ("zero_latency", STOCK)},
     "tail": TAIL,
     "tail_drop": TAIL_DROP,
+    "tail_s6": TAIL_S6,
     "both_neutral": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=neutral"],
     "both_mask": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=mask"],
 }
@@ -662,6 +668,9 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
         if ("heavy_2.5x", "tail_drop") in rows:
             hidden_goal("heavy_2.5x", "tail_drop", GOAL_TAIL_HIDDEN,
                         f"tail-tolerant mode, on_stale=drop, hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
+        if ("heavy_2.5x", "tail_s6") in rows:
+            hidden_goal("heavy_2.5x", "tail_s6", GOAL_TAIL_HIDDEN,
+                        f"tail-tolerant mode, on_stale=wait, max_staleness=6 (past the 5C deadline), hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
         # never slower than stock: in every regime (instant judge included), the median paired
         # reduction of every strategy is >= 0; the worst single seed is reported beside it
         slower = [(row["regime"], row["mode"], row["reduction_vs_baseline"]) for row in timing

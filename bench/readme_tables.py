@@ -31,10 +31,16 @@ E2E_TIMELINE = RESULTS / "e2e_timeline.png"
 # The e2e block of README.md lies between these two lines (both kept by --write-readme).
 E2E_BEGIN = "<!-- e2e tables: python bench/readme_tables.py --write-readme -->"
 E2E_END = "<!-- /e2e tables -->"
-# A focused rerun of the tail_1x goal cell with more seeds (its command is in the JSON and the README).
-E2E_TAIL = RESULTS / "e2e_tail_1x.json"
-E2E_TAIL_BEGIN = "<!-- e2e tail_1x tables: python bench/readme_tables.py --write-readme -->"
-E2E_TAIL_END = "<!-- /e2e tail_1x tables -->"
+# Focused reruns of one goal's cells (each command is in its JSON and the README), each with its own
+# README block: name -> the JSON; its block lies between "<!-- e2e NAME tables: ... -->" and
+# "<!-- /e2e NAME tables -->".
+E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json"}
+
+
+def focused_markers(name: str) -> tuple[str, str]:
+    return f"<!-- e2e {name} tables: python bench/readme_tables.py --write-readme -->", f"<!-- /e2e {name} tables -->"
+
+
 TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
 TIMELINE_MODES = (STOCK, "both", "tail", "tail_drop")
 
@@ -46,7 +52,7 @@ def tables() -> dict[str, str]:
         "agent": agent_markdown(json.loads((RESULTS / "agent_throughput.json").read_text())),
         "backpressure": backpressure_markdown(json.loads((RESULTS / "backpressure.json").read_text())),
         "fault_suite": fault_markdown(json.loads((RESULTS / "fault_suite.json").read_text())),
-        **({"e2e_tail_1x": e2e_markdown(e2e_report(E2E_TAIL))} if E2E_TAIL.exists() else {}),
+        **{f"e2e_{name}": e2e_markdown(e2e_report(path)) for name, path in E2E_FOCUSED.items() if path.exists()},
     }
 
 
@@ -107,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timeline ({draw_e2e_timeline()}): {E2E_TIMELINE.relative_to(ROOT)}")
     if args.write_readme:
         write_readme(all_tables["e2e"])
-        if "e2e_tail_1x" in all_tables:
-            write_readme(all_tables["e2e_tail_1x"], begin=E2E_TAIL_BEGIN, end=E2E_TAIL_END)
+        for name in E2E_FOCUSED:
+            if f"e2e_{name}" in all_tables:
+                begin, end = focused_markers(name)
+                write_readme(all_tables[f"e2e_{name}"], begin=begin, end=end)
         print("README.md: e2e blocks rewritten")
     return 0
 

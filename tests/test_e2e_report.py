@@ -179,6 +179,31 @@ def test_goals_are_judged_against_the_same_mode_bound_and_show_failures():
     assert "**FAIL**" in text and "not measured" in text
 
 
+@quick
+def test_each_tail_tolerant_variant_run_in_the_heavy_regime_is_judged_on_its_own_row():
+    records = []
+    for seed in range(3):  # stock bound 10 s, stock 40 s; each variant's own bound 10 s
+        records += [rec("v1", seed, "zero", "baseline", 10.0), rec("v1", seed, "heavy_2.5x", "baseline", 40.0)]
+        for mode, loop in (("tail", 15.0), ("tail_drop", 12.0), ("tail_s6", 12.5)):
+            records += [rec("v1", seed, "zero", mode, 10.0), rec("v1", seed, "heavy_2.5x", mode, loop)]
+    by_goal = {g["goal"]: g for g in goals(timing_table(records), [], [])}
+    wait2 = by_goal["tail-tolerant mode hides >= 90%, lognormal p99 = 2.5x compute (heavy_2.5x)"]
+    drop = by_goal["tail-tolerant mode, on_stale=drop, hides >= 90% (heavy_2.5x)"]
+    wait6 = next(g for name, g in by_goal.items() if "max_staleness=6" in name)
+    assert wait2["figure"]["median"] == pytest.approx(25 / 30, abs=1e-4) and wait2["pass"] is False
+    assert drop["figure"]["median"] == pytest.approx(28 / 30, abs=1e-4) and drop["pass"] is True
+    assert wait6["figure"]["median"] == pytest.approx(27.5 / 30, abs=1e-4) and wait6["pass"] is True
+    # a variant not run adds no goal row (never a pass by absence)
+    without = goals(timing_table([r for r in records if r["mode"] != "tail_s6"]), [], [])
+    assert not any("max_staleness=6" in g["goal"] for g in without)
+
+
+@quick
+def test_the_benchmark_modes_differ_only_where_their_names_say():
+    assert e2e.MODES["tail_s6"] == [o.replace("max_staleness=2", "max_staleness=6") for o in e2e.MODES["tail"]]
+    assert e2e.MODES["tail_drop"] == [o.replace("on_stale=wait", "on_stale=drop") for o in e2e.MODES["tail"]]
+
+
 def failure_records(mask_delta, stock_final=0.33):
     """synthetic() plus a 20%-failure regime per seed: stock verl meeting the failures, neutral and
     mask (tail_1x, the same judge without failures, has stock at 0.40 + 0.01 seed)."""
@@ -400,6 +425,21 @@ def test_write_readme_replaces_only_the_e2e_block(tmp_path):
     readme.write_text("no block")
     with pytest.raises(SystemExit):
         write_readme("| new |\n", readme)
+
+
+@quick
+def test_each_focused_rerun_has_its_own_readme_block(tmp_path):
+    from bench.readme_tables import E2E_FOCUSED, focused_markers, write_readme
+
+    names = list(E2E_FOCUSED)
+    blocks = [focused_markers(name) for name in names]
+    readme = tmp_path / "README.md"
+    readme.write_text("".join(f"{begin}\nold {name}\n{end}\n" for name, (begin, end) in zip(names, blocks)))
+    begin, end = blocks[-1]
+    write_readme("| new |\n", readme, begin=begin, end=end)
+    text = readme.read_text()
+    assert f"{begin}\n| new |\n{end}" in text and f"old {names[0]}" in text and f"old {names[-1]}" not in text
+    assert focused_markers("tail_1x")[0] in (ROOT / "README.md").read_text()  # the committed block's marker
 
 
 @quick

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.test_seam_scheduler import N, rewards
-from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
+from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
 from verl_async_rm.strategies.scheduler import GeneratedBatch
 
 pytestmark = pytest.mark.quick
@@ -48,6 +48,7 @@ def test_a_slow_group_is_carried_and_the_step_takes_ready_ones():
     assert groups == [(1, 0), (1, 2), (2, 0)]  # the ready ones, oldest first
     assert len(step1.rows) == GROUPS * N and step1.scored.rows == step1.rows
     assert step1.metrics["async_rm/groups_carried"] == 1 and step1.metrics["async_rm/staleness/max"] == 0
+    assert step1.metrics["async_rm/pool_wait_due_s"] == 0.0
     # the checkpoint after step 1: regenerate from batch 1, which had groups 0 and 2 trained; batch 2 group 0
     state, live = driver.resume_state(None)
     assert state == {"drawn": 1} and live == [{"born": 1, "trained": [0, 2]}, {"born": 2, "trained": [0]}]
@@ -57,6 +58,8 @@ def test_a_slow_group_is_carried_and_the_step_takes_ready_ones():
     groups2 = sorted({(b, g) for b, g, _ in step2.rows})
     assert (1, 1) in groups2 and groups2 == [(1, 1), (2, 1), (2, 2)]
     assert {step2.staleness_of_row[row] for row in step2.rows if row[0] == 1} == {1}  # 2 - 1 - weights step 0
+    # the wait was for the due group: counted apart, and all of the step's wait
+    assert 0.2 < step2.metrics["async_rm/pool_wait_due_s"] <= step2.metrics["async_rm/pool_wait_s"]
     assert not set(step1.rows) & set(step2.rows)
     driver.abandon()
 
@@ -71,6 +74,13 @@ def test_resume_leaves_out_what_was_trained():
     step = driver.next_step(2, generate_more=lambda: False)
     assert sorted({(b, g) for b, g, _ in step.rows}) == [(1, 1), (2, 1), (2, 2)]
     assert driver.live == [] and step.metrics["async_rm/pool_groups"] == 0
+
+
+def test_a_wait_for_a_due_group_is_explained_once_it_outweighs_a_quarter_of_the_step():
+    assert due_wait_hint(0.2, step_compute_s=1.0, max_staleness=2) is None  # a group scored just late
+    assert due_wait_hint(0.04, step_compute_s=0.01, max_staleness=2) is None  # tiny steps: 50 ms floor
+    hint = due_wait_hint(3.0, step_compute_s=1.0, max_staleness=2)
+    assert "3.00 s" in hint and "max_staleness=2" in hint and "ticket_deadline / step time" in hint and "on_stale=drop" in hint
 
 
 def test_auto_lookahead_from_measurements():

@@ -43,6 +43,18 @@ class PooledStep:
     metrics: dict
 
 
+def due_wait_hint(waited_due_s: float, step_compute_s: float, max_staleness: int) -> Optional[str]:
+    """What to tell a user whose step waited for a group at its staleness bound (``on_stale=wait``),
+    or None when the wait is small beside the step's compute (a quarter of it: a group scored just
+    late is normal; a hang that only the deadline settles is not)."""
+    if waited_due_s <= max(0.05, 0.25 * step_compute_s):
+        return None
+    return (f"a step waited {waited_due_s:.2f} s for a group carried max_staleness={max_staleness} steps (on_stale=wait): "
+            "a call that outlives the bound holds the step it comes due in. To hide such calls, raise max_staleness to "
+            "at least ticket_deadline / step time (the deadline then settles them first), or set on_stale=drop. "
+            "Time waited this way is in async_rm/pool_wait_due_s (shown once a run).")
+
+
 class PoolDriver:
     def __init__(self, rewards: BatchRewards, train_groups: int, max_staleness: int, on_stale: str,
                  skip: Optional[dict[int, set]] = None):
@@ -119,6 +131,7 @@ class PoolDriver:
         start = time.monotonic()
         self.harvest_ready()
         dropped: list = []
+        waited_due = 0.0  # for a group at its staleness bound (on_stale=wait): a larger bound or drop avoids it
         while True:
             choice = self.pool.select(step)
             dropped += list(choice.drop)
@@ -132,7 +145,10 @@ class PoolDriver:
             if not choice.waiting:
                 take = list(choice.take)
                 break
+            began = time.monotonic()
             self._wait(choice.wait_for)
+            if choice.wait_for is not None:
+                waited_due += time.monotonic() - began
         waited = time.monotonic() - start
         scored = ScoredRows.empty(self.rewards.fixed_keys)
         rows, staleness_of_row, dropped_rows = [], {}, []
@@ -157,6 +173,7 @@ class PoolDriver:
             "async_rm/groups_carried": self.pool.carried,
             "async_rm/groups_dropped_stale": self.pool.dropped,
             "async_rm/pool_wait_s": waited,
+            "async_rm/pool_wait_due_s": waited_due,
             "async_rm/pool_groups": len(self.pool.groups),
         }
         return PooledStep(rows, scored, staleness_of_row, dropped_rows, metrics)

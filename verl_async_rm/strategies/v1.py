@@ -59,7 +59,7 @@ from verl_async_rm.strategies.plan import (
 from verl_async_rm.strategies.pool import short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
-from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead
+from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
@@ -180,6 +180,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self._supply_depth = 0  # the pool under on_stale=drop with auto: batches of supply beyond this step's
+        self._due_wait_hinted = False  # the pool under on_stale=wait: pooled.due_wait_hint, printed once a run
         self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
@@ -413,6 +414,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                scored=chosen.scored, staleness_of_row=chosen.staleness_of_row)
         compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
+        hint = None if self._due_wait_hinted else due_wait_hint(
+            chosen.metrics["async_rm/pool_wait_due_s"], compute, self.strategy.max_staleness)
+        if hint:
+            self._due_wait_hinted = True
+            print(f"[verl_async_rm] step {self.global_steps}: {hint}", flush=True)
         self._measured["latency"] = (self._measured["latency"] + self._pool.new_latencies())[-4096:]
         metrics.update(chosen.metrics)
         return batch
