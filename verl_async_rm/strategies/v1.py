@@ -414,7 +414,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                scored=chosen.scored, staleness_of_row=chosen.staleness_of_row)
         compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
-        hint = None if self._due_wait_hinted else due_wait_hint(
+        hint = None if self._due_wait_hinted or self.strategy.on_stale != "wait" else due_wait_hint(
             chosen.metrics["async_rm/pool_wait_due_s"], compute, self.strategy.max_staleness)
         if hint:
             self._due_wait_hinted = True
