@@ -11,53 +11,60 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, short_of_supply, supply_lookahead
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, overdue_later, short_of_supply, supply_lookahead
 
 pytestmark = pytest.mark.quick
 
 
 def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction, supply=False,
-             supply_steps=None):
+             supply_steps=None, lost=0.0):
     """Steps 1..steps; batch b (G groups) is generated for step b, ``lookahead`` steps early; before
     each selection a random part of the pending groups has been scored; a wait scores one more (the
-    awaited group, or a random one). ``supply``: the v1 trainer's rule under on_stale=drop, a batch
-    more (born at the latest step generated for) while the pool is ``short_of_supply`` for
-    ``supply_steps`` of lookahead (default: ``lookahead``)."""
+    awaited group, or a random one). ``supply``: the v1 trainer's rule, a batch more (born at the
+    latest step generated for) while the pool is ``short_of_supply`` for ``supply_steps`` of
+    lookahead (default: ``lookahead``; under on_stale=wait by whole batches, as the trainer asks).
+    ``lost``: the chance that a prompt's session failed in generation (its group never joins)."""
     supply_steps = lookahead if supply_steps is None else supply_steps
     rng = random.Random(seed)
     pool = GroupPool(groups_per_step, max_staleness, on_stale)
     generated, log, extra, born_of = 0, [], 0, {}
+
+    def add(batch, born):
+        keys = [(batch, i) for i in range(groups_per_step) if not (lost and rng.random() < lost)]
+        pool.add(keys, born=born)
+        born_of.update(dict.fromkeys(keys, born))
+
     for step in range(1, steps + 1):
         while generated < min(step + lookahead, steps):  # top up: batches for steps ..step+lookahead
             generated += 1
-            pool.add([(generated, i) for i in range(groups_per_step)], born=generated)
-            born_of.update({(generated, i): generated for i in range(groups_per_step)})
-        while supply and short_of_supply(len(pool.groups), groups_per_step, supply_steps, steps - step + 1):
+            add(generated, generated)
+        while supply and short_of_supply(len(pool.groups), groups_per_step, supply_steps, steps - step + 1,
+                                         whole_batches=on_stale == "wait"):
             extra += 1
-            born = max(generated, step)
-            pool.add([(steps + extra, i) for i in range(groups_per_step)], born=born)
-            born_of.update({(steps + extra, i): born for i in range(groups_per_step)})
+            add(steps + extra, max(generated, step))
         if supply:
-            assert len(pool.groups) >= groups_per_step * min(1 + supply_steps, steps - step + 1)
+            slack = groups_per_step - 1 if on_stale == "wait" else 0  # whole batches only
+            assert len(pool.groups) + slack >= groups_per_step * min(1 + supply_steps, steps - step + 1)
         for key in pool.pending():
             if rng.random() < ready_fraction:
                 pool.scored(key)
         ready_at_start = {k for k, g in pool.groups.items() if g.ready}
-        waits, dropped = 0, []
+        waits, dropped, bound_waits = 0, [], 0
         while True:
-            choice = pool.select(step)
+            choice = pool.select(step, steps)
             dropped += list(choice.drop)
-            if choice.starved:  # drops ate the supply: one batch more, for this step
+            if choice.starved:  # drops (or failed sessions) ate the supply: one batch more, for this step
                 extra += 1
-                pool.add([(steps + extra, i) for i in range(groups_per_step)], born=step)
-                born_of.update({(steps + extra, i): step for i in range(groups_per_step)})
+                add(steps + extra, step)
                 continue
             if not choice.waiting:
                 break
             waits += 1
+            bound_waits += choice.for_bound
             pending = pool.pending()
             pool.scored(choice.wait_for if choice.wait_for is not None else rng.choice(pending))
-        log.append(dict(step=step, take=choice.take, dropped=dropped, waits=waits, ready_at_start=ready_at_start))
+        log.append(dict(step=step, take=choice.take, dropped=dropped, waits=waits, bound_waits=bound_waits,
+                        ready_at_start=ready_at_start))
     return pool, log, extra, born_of
 
 
@@ -107,9 +114,69 @@ def test_supply_batches_under_drop_keep_every_promise(g, steps, k, s, seed, read
         assert all(entry["step"] - born_of[key] <= s for key in entry["take"])
 
 
+@settings(max_examples=120, deadline=None)
+@given(g=st.integers(1, 5), steps=st.integers(1, 12), k=st.integers(0, 2), s=st.integers(0, 3),
+       rule=st.integers(0, 8), seed=st.integers(0, 10**6), ready=st.floats(0, 1), lost=st.sampled_from([0.0, 0.25]))
+def test_supply_batches_under_wait_drop_nothing_and_keep_every_promise(g, steps, k, s, rule, seed, ready, lost):
+    """on_stale=wait with the supply rule (the pool as deep as ``supply_lookahead`` lets, whole
+    batches), with or without failed sessions: every group trained once or still in the pool, never
+    staler than max_staleness, every step full, none dropped (but for a refill at max_staleness=0,
+    the one case the bound leaves no room for: pool.select)."""
+    depth = supply_lookahead(rule, k, s)
+    pool, log, extra, born_of = simulate(g, steps, k, s, "wait", seed, ready, supply=True, supply_steps=depth, lost=lost)
+    taken = [key for entry in log for key in entry["take"]]
+    dropped = [key for entry in log for key in entry["dropped"]]
+    assert len(taken) == len(set(taken)) and not set(taken) & set(dropped) and pool.dropped == len(dropped)
+    assert not dropped or (s == 0 and lost)
+    assert set(taken) | set(dropped) | set(pool.groups) == set(born_of)
+    for entry in log:
+        assert len(entry["take"]) == g
+        assert all(entry["step"] - born_of[key] <= s for key in entry["take"])
+
+
+def test_a_step_waits_rather_than_leave_more_due_later_than_the_steps_can_train():
+    """on_stale=wait, one group a step, bound 2: three unscored groups born at step 1 must all be
+    trained by step 3. Taking the ready younger group at step 1 would leave three for steps 2 and 3,
+    and one would have to pass the bound or be dropped: the step waits for a score first (counted
+    as a bound wait), then trains the oldest. At the run's last step no later step needs the room."""
+    def pool():
+        p = GroupPool(1, max_staleness=2, on_stale="wait")
+        p.add(["a", "b", "x"], born=1)
+        p.add(["c"], born=2)
+        p.scored("c")
+        return p
+    waiting = pool()
+    choice = waiting.select(1)
+    assert choice.waiting and choice.for_bound and choice.wait_for is None and not choice.take
+    waiting.scored("b")
+    assert waiting.select(1).take == ("b",)
+    assert pool().select(1, last_step=1).take == ("c",)  # the last step: nothing later to keep room for
+    assert pool().select(1, last_step=3).waiting  # steps 2 and 3 cannot take a, b and x
+    assert pool().select(1, last_step=2).take == ("c",)  # no step 3: they are not due by the end
+
+
+@settings(max_examples=300, deadline=None)
+@given(step=st.integers(0, 5), deadlines=st.lists(st.integers(1, 12), max_size=14), per_step=st.integers(1, 4),
+       last=st.one_of(st.none(), st.integers(0, 12)))
+def test_overdue_later_is_earliest_deadline_first_infeasibility(step, deadlines, per_step, last):
+    """``overdue_later`` (a counting test) agrees with scheduling the groups earliest deadline first
+    step by step, for deadlines after ``step`` (the pool never keeps a group past its deadline)."""
+    deadlines = [d for d in deadlines if d > step]
+    left, s, late = sorted(deadlines), step, False
+    while left:
+        s += 1
+        if last is not None and s > last:
+            break
+        left = left[per_step:]
+        late = late or any(d <= s for d in left)
+    assert overdue_later(step, deadlines, per_step, last) is late
+
+
 def test_more_ready_groups_due_than_a_step_trains_on_drop_the_excess_oldest_kept():
     """Two batches born at one step (a supply batch), none taken before they are due: the step
-    trains on the oldest train_batch_size of them and drops the rest (wait: a loud error)."""
+    trains on the oldest train_batch_size of them and drops the rest, counted. Under wait the
+    supply rule and the bound waits keep this from happening (above); only a refill after failed
+    sessions at max_staleness=0 can, and then the excess is dropped the same way."""
     pool = GroupPool(2, max_staleness=1, on_stale="drop")
     pool.add(["a", "b"], born=1)
     pool.add(["c", "d"], born=1)  # the supply batch
@@ -118,12 +185,13 @@ def test_more_ready_groups_due_than_a_step_trains_on_drop_the_excess_oldest_kept
         pool.scored(key)
     choice = pool.select(2)
     assert choice.take == ("a", "b") and set(choice.drop) == {"c", "d"} and pool.dropped == 2
-    waiting = GroupPool(2, max_staleness=1, on_stale="wait")
-    waiting.add(["a", "b", "c"], born=1)
+    waiting = GroupPool(2, max_staleness=0, on_stale="wait")
+    waiting.add(["a"], born=2)  # a failed session left one group of a batch: the step was starved
+    waiting.add(["b", "c"], born=2)  # the refill, for the same step
     for key in "abc":
         waiting.scored(key)
-    with pytest.raises(RuntimeError, match="max_staleness"):
-        waiting.select(2)
+    choice = waiting.select(2)
+    assert choice.take == ("a", "b") and choice.drop == ("c",) and waiting.dropped == 1
 
 
 @settings(max_examples=80, deadline=None)

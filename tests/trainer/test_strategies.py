@@ -110,7 +110,10 @@ POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_rewa
 # can train in time (one batch ahead + 0; deeper supply: tests/test_pool.py).
 POOL_DROP = dict(flags=[*[f for f in POOL["flags"] if not f.startswith(("max_staleness", "off_policy_steps"))],
                         "off_policy_steps=auto", "max_staleness=0", "on_stale=drop"])
-POOLS = {"pool": POOL, "pool_drop": POOL_DROP}
+# The waiting pool with auto lookahead: the supply keeps it as deep as the rule says within the
+# bound (1 ahead + 1, pool.supply_lookahead) and no group is dropped (pool.py, "Deadlines").
+POOL_WAIT_AUTO = dict(flags=[*[f for f in POOL["flags"] if not f.startswith("off_policy_steps")], "off_policy_steps=auto"])
+POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
@@ -568,6 +571,27 @@ def test_dropping_stale_groups_refills_the_pool_and_trains_each_kept_group_once(
     assert sum(values(result, "async_rm/supply_batches")) > 0
     assert values(result, "async_rm/supply_steps") == [1.0] * len(dropped)  # the rule capped: 1 ahead + 0
     assert max(values(result, "async_rm/staleness/max")) <= 1  # one batch ahead (v1) + max_staleness 0
+
+
+@pytest.fixture(scope="module")
+def pool_wait_auto_run(tmp_path_factory, assets):
+    directory = tmp_path_factory.mktemp("v1_pool_wait_auto")
+    return directory, train(directory, assets, "v1", "pool_wait_auto")
+
+
+def test_the_waiting_pool_is_supplied_as_deep_as_the_bound_allows_and_drops_nothing(pool_wait_auto_run):
+    """on_stale=wait, max_staleness=1, off_policy_steps=auto against 0-6 s latencies (the rule wants
+    more than one batch ahead): supply batches deepen the pool to 1 ahead + 1 (never deeper: its
+    groups must be trained within the bound), every step trains 8 whole groups each once with its own
+    reward, nothing is dropped, and no sample is staler than one batch ahead + max_staleness."""
+    directory, result = pool_wait_auto_run
+    assert_whole_groups_each_once_with_their_own_rewards(directory)
+    assert values(result, "async_rm/groups_dropped_stale") == [0] * 4
+    assert sum(values(result, "async_rm/supply_batches")) > 0
+    assert max(values(result, "async_rm/supply_steps")) == 2.0  # the rule capped: 1 ahead + 1
+    assert max(values(result, "async_rm/staleness/max")) <= 2
+    assert all(0 <= due <= wait for due, wait in zip(values(result, "async_rm/pool_wait_due_s"),
+                                                   values(result, "async_rm/pool_wait_s")))
 
 
 def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):

@@ -13,21 +13,32 @@ step b - 1 - k under k steps of lookahead) and is *ready* once the agent scored 
    the order they were generated in: deterministic);
 3. while fewer are ready than the step needs, the step waits for the next group to be scored, any
    group (the first to finish), and selects again; with nothing left to wait for (dropped groups
-   ate the supply) the caller generates one more batch (``starved``);
+   or failed sessions ate the supply) the caller generates one more batch (``starved``);
 4. a group still waiting is carried into a later step, its staleness growing by one per step.
 
-Supply under ``on_stale=drop`` (``short_of_supply``): each batch replaces one step's worth of
-groups, so every dropped group shrinks the pool for good, and a smaller pool leaves each step fewer
-ready groups to choose from: it waits more (measured: the wait per step grew after two drops). Before
-a step, while the pool holds fewer groups than this step and the lookahead's train on
+Supply (``short_of_supply``): a pool fed one batch a step holds little more than the step needs,
+so a step waits for "any" group whenever too few of it are scored, and under ``on_stale=drop``
+each dropped group shrinks the pool for good (measured: the wait per step grew after two drops).
+Before a step, while the pool holds fewer groups than this step and the lookahead's train on
 (``train_batch_size`` x (1 + lookahead), fewer near the end), one batch more is generated, born at
 the latest step generated for. With ``off_policy_steps: auto`` that lookahead is the auto rule's
 without v1's one-batch clamp (supply batches are generated within the step), but no deeper than the
 staleness bound lets the pool's groups be trained in time (``supply_lookahead``): a tail longer than
-a step keeps more groups in the pool, so a step rarely waits for "any" group. Two batches born at one
-step can still leave more ready groups due at once than a step trains on (younger ready groups
-filled the steps before while they were out): the oldest are trained, the rest dropped (counted),
-so no sample is ever staler than the bound.
+a step keeps more groups in the pool, so a step rarely waits for "any" group. The price: the groups
+still in the pool when the run ends (about ``lookahead`` batches) were generated and never trained.
+
+Deadlines (why nothing is dropped under ``on_stale=wait`` with a supply): a group born at b must
+be trained by step b + ``max_staleness``, its deadline, and each step trains ``train_batch_size``.
+Steps that take younger ready groups while older ones are out can leave more groups due at a later
+step than it trains. Under ``drop`` the oldest are trained and the rest dropped (counted), so no
+sample is ever staler than the bound. Under ``wait`` two rules keep that from happening: the supply
+adds a batch only while the whole batch fits under the count above (``whole_batches``), so the pool
+never holds more groups than the steps up to the newest deadline train; and a step takes younger
+ready groups only while the groups left can all still meet their deadlines, counted earliest
+deadline first (``overdue_later``); otherwise it waits for a score first (``for_bound``: rare, and
+counted with the waits for due groups). The run's last step keeps no room for steps after it. One
+case is left: a refill after failed sessions (``starved``) at ``max_staleness=0``, all due at once;
+its excess is dropped as under ``drop`` (counted).
 
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
@@ -67,6 +78,7 @@ class Selection:
     waiting: bool = False
     drop: tuple = ()
     starved: bool = False  # too few groups left, none pending (drops ate the supply): generate a batch more
+    for_bound: bool = False  # on_stale=wait: waiting now keeps a later step from more due groups than it trains
 
 
 @dataclass
@@ -104,9 +116,10 @@ class GroupPool:
         return sorted(self.groups.values(), key=lambda g: (g.born, g.order))
 
     # -- a step ---------------------------------------------------------------------------------
-    def select(self, step: int) -> Selection:
+    def select(self, step: int, last_step: Optional[int] = None) -> Selection:
         """What step ``step`` trains on now, or what it must wait for first. Call again after each
-        wait (``scored``); the groups taken or dropped leave the pool."""
+        wait (``scored``); the groups taken or dropped leave the pool. ``last_step``: the run's last
+        step (None: unknown); no step after it is kept room for."""
         by_age = [g for g in self._by_age() if g.born <= step]  # a batch for a later step is not due yet
         due = [g for g in by_age if step - g.born >= self.max_staleness]
         late_due = [g for g in due if not g.ready]
@@ -127,13 +140,9 @@ class GroupPool:
         rest = [g for g in ready if g not in due_ready]
         chosen = (due_ready + rest)[: self.train_groups]
         if len(due_ready) > self.train_groups:
-            if self.on_stale != "drop":
-                raise RuntimeError(
-                    f"{len(due_ready)} groups are due at step {step} but a step trains on {self.train_groups}: "
-                    "generation ran further ahead than max_staleness allows"
-                )
-            # on_stale=drop with supply batches: more due than a step trains on; the excess cannot
-            # be carried without passing max_staleness, so it is dropped like a late due group
+            # more due than a step trains on (on_stale=drop: supply batches; wait: only a refill
+            # after failed sessions at max_staleness=0, "Deadlines" above): the excess cannot be
+            # carried without passing max_staleness, so it is dropped like a late due group
             excess = due_ready[self.train_groups:]
             for g in excess:
                 del self.groups[g.key]
@@ -143,6 +152,11 @@ class GroupPool:
             return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
         if len(chosen) < self.train_groups:
             return Selection(starved=True, drop=drop)
+        if self.on_stale == "wait" and self._overdue_later(step, chosen, last_step):
+            # taking younger ready groups now would leave more groups due at some later step than
+            # the steps until then can train (wait: none may be dropped): the step waits for a
+            # score first, as it would for a due group ("Deadlines" above)
+            return Selection(waiting=True, for_bound=True)
         for g in chosen:
             del self.groups[g.key]
         for g in self.groups.values():  # what stays behind from this step's batch (or older) is carried
@@ -152,16 +166,41 @@ class GroupPool:
         self._carried_keys -= {g.key for g in chosen}
         return Selection(take=tuple(g.key for g in chosen), drop=drop)
 
+    def _overdue_later(self, step: int, chosen: list, last_step: Optional[int]) -> bool:
+        """Whether, after this step takes ``chosen``, some later step s (up to ``last_step``) would
+        hold more groups that must be trained by s (born + max_staleness <= s) than the steps
+        step+1..s train."""
+        taken = {g.key for g in chosen}
+        return overdue_later(step, [g.born + self.max_staleness for g in self.groups.values() if g.key not in taken],
+                             self.train_groups, last_step)
+
     def snapshot(self) -> dict:
         """What a checkpoint must record to resume without losing or repeating a group."""
         return {"groups": [(g.key, g.born, g.order) for g in self._by_age()], "carried": self.carried,
                 "dropped": self.dropped, "order": self._order}
 
 
-def short_of_supply(pool_groups: int, train_groups: int, lookahead: int, steps_left: int) -> bool:
+def overdue_later(step: int, deadlines: list[int], train_groups: int, last_step: Optional[int] = None) -> bool:
+    """Whether groups with these deadlines (the last step each may be trained in) cannot all be
+    trained in time by the steps after ``step``, each training ``train_groups``: some s in
+    (step, last_step] has more deadlines <= s than (s - step) x train_groups (earliest deadline
+    first is optimal for unit jobs, so that count is the whole test)."""
+    count = 0
+    for i, d in enumerate(sorted(deadlines)):
+        count = i + 1
+        if d > step and (last_step is None or d <= last_step) and count > (d - step) * train_groups:
+            return True
+    return False
+
+
+def short_of_supply(pool_groups: int, train_groups: int, lookahead: int, steps_left: int,
+                    whole_batches: bool = False) -> bool:
     """Whether the pool, after this step's regular generation, holds fewer groups than this step and
-    the ``lookahead`` after it train on (``steps_left``: this step and the ones after it)."""
-    return pool_groups < train_groups * max(0, min(1 + lookahead, steps_left))
+    the ``lookahead`` after it train on (``steps_left``: this step and the ones after it).
+    ``whole_batches`` (on_stale=wait): short only by a whole batch (``train_groups``), so a batch
+    more never takes the pool past that count ("Deadlines": no group may have to be dropped)."""
+    need = train_groups * max(0, min(1 + lookahead, steps_left))
+    return pool_groups + (train_groups - 1 if whole_batches else 0) < need
 
 
 def supply_lookahead(rule_steps: int, ahead: int, max_staleness: int) -> int:

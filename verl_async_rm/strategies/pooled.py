@@ -125,15 +125,16 @@ class PoolDriver:
                     return
 
     # -- a step -------------------------------------------------------------------------------------
-    def next_step(self, step: int, generate_more: Callable[[], bool]) -> PooledStep:
+    def next_step(self, step: int, generate_more: Callable[[], bool], last_step: Optional[int] = None) -> PooledStep:
         """The step's groups (waiting only as ``GroupPool.select`` says). ``generate_more()`` adds a
-        batch when drops ate the supply (False: no data left, the step trains on what there is)."""
+        batch when drops ate the supply (False: no data left, the step trains on what there is).
+        ``last_step``: the run's last step (no later step is kept room for)."""
         start = time.monotonic()
         self.harvest_ready()
         dropped: list = []
-        waited_due = 0.0  # for a group at its staleness bound (on_stale=wait): a larger bound or drop avoids it
+        waited_due = 0.0  # because of the staleness bound (on_stale=wait): a larger bound or drop avoids it
         while True:
-            choice = self.pool.select(step)
+            choice = self.pool.select(step, last_step)
             dropped += list(choice.drop)
             if choice.starved:
                 if generate_more():
@@ -147,7 +148,7 @@ class PoolDriver:
                 break
             began = time.monotonic()
             self._wait(choice.wait_for)
-            if choice.wait_for is not None:
+            if choice.wait_for is not None or choice.for_bound:
                 waited_due += time.monotonic() - began
         waited = time.monotonic() - start
         scored = ScoredRows.empty(self.rewards.fixed_keys)

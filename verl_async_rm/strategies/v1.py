@@ -179,7 +179,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._pool_resume: list = []  # resume: the batches live at the checkpoint ({"born", "trained"})
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
-        self._supply_depth = 0  # the pool under on_stale=drop with auto: batches of supply beyond this step's
+        self._supply_depth = 0  # the pool with auto: batches of supply beyond this step's
         self._due_wait_hinted = False  # the pool under on_stale=wait: pooled.due_wait_hint, printed once a run
         self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
@@ -343,8 +343,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
         if not self.strategy.auto_off_policy:
             return {}
-        # v1's generation-ahead is clamped to 1; the pool's supply under on_stale=drop is not, but no
-        # deeper than the staleness bound lets its groups be trained in time (pool.py, "Supply")
+        # v1's generation-ahead is clamped to 1; the pool's supply is not, but no deeper than the
+        # staleness bound lets its groups be trained in time (pool.py, "Supply")
         rule = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=MAX_OFF_POLICY_STEPS)
         chosen = min(rule, 1)
         self._supply_depth = supply_lookahead(rule, chosen, self.strategy.max_staleness)
@@ -353,7 +353,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                   f"(reward latency p90 vs step compute measured so far)", flush=True)
             self.lookahead.depth = chosen
         out = {"async_rm/off_policy_steps": float(chosen)}
-        if self.strategy.pooled and self.strategy.on_stale == "drop":
+        if self.strategy.pooled:
             out["async_rm/supply_steps"] = float(self._supply_depth)
         return out
 
@@ -375,13 +375,13 @@ class AsyncRewardTrainer(PPOTrainerSync):
             while self._generated_for < min(self.global_steps + self.lookahead.depth, self.total_training_steps):
                 self._generated_for += 1
                 generate(self._generated_for)
-            # on_stale=drop: drops shrank the pool for good; a batch more, born at the latest step
-            # generated for (pool.py, "Supply")
+            # the pool as deep as the auto rule says (v1's one-batch clamp aside) and, under drop, as
+            # deep again after drops: a batch more, born at the latest step generated for (pool.py, "Supply")
             steps_left = self.total_training_steps - self.global_steps + 1
             supply_batches = 0
             supply_depth = max(self.lookahead.depth, self._supply_depth)
-            while self.strategy.on_stale == "drop" and short_of_supply(
-                    len(self._pool.pool.groups), self._pool.pool.train_groups, supply_depth, steps_left):
+            while short_of_supply(len(self._pool.pool.groups), self._pool.pool.train_groups, supply_depth, steps_left,
+                                  whole_batches=self.strategy.on_stale == "wait"):
                 generate(max(self._generated_for, self.global_steps))
                 supply_batches += 1
             metrics["async_rm/supply_batches"] = supply_batches
@@ -401,7 +401,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         for live in self._pool.live:
             tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
         with marked_timer("reward_wait", timing_raw, color="yellow"):
-            chosen = self._pool.next_step(self.global_steps, generate_more)
+            chosen = self._pool.next_step(self.global_steps, generate_more, last_step=self.total_training_steps)
         for live in self._pool.live:  # generate_more may have added one
             tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
         stale = chosen.dropped_rows + self._pool.skipped_rows
