@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, overdue_later, short_of_supply, supply_lookahead
+from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, first_overdue, short_of_supply, supply_lookahead
 
 pytestmark = pytest.mark.quick
 
@@ -158,18 +158,33 @@ def test_a_step_waits_rather_than_leave_more_due_later_than_the_steps_can_train(
 @settings(max_examples=300, deadline=None)
 @given(step=st.integers(0, 5), deadlines=st.lists(st.integers(1, 12), max_size=14), per_step=st.integers(1, 4),
        last=st.one_of(st.none(), st.integers(0, 12)))
-def test_overdue_later_is_earliest_deadline_first_infeasibility(step, deadlines, per_step, last):
-    """``overdue_later`` (a counting test) agrees with scheduling the groups earliest deadline first
-    step by step, for deadlines after ``step`` (the pool never keeps a group past its deadline)."""
+def test_first_overdue_is_where_earliest_deadline_first_falls_behind(step, deadlines, per_step, last):
+    """``first_overdue`` (a count) names the first step at which scheduling the groups earliest
+    deadline first, step by step, leaves one past its deadline (for deadlines after ``step``: the
+    pool never keeps a group past its deadline), and None when it never does."""
     deadlines = [d for d in deadlines if d > step]
-    left, s, late = sorted(deadlines), step, False
-    while left:
+    left, s, late = sorted(deadlines), step, None
+    while left and late is None:
         s += 1
         if last is not None and s > last:
             break
         left = left[per_step:]
-        late = late or any(d <= s for d in left)
-    assert overdue_later(step, deadlines, per_step, last) is late
+        if any(d <= s for d in left):
+            late = s
+    assert first_overdue(step, deadlines, per_step, last) == late
+
+
+def test_a_step_does_not_wait_when_no_group_it_could_wait_for_would_help():
+    """Groups that cannot all meet their deadlines although every one is scored (only a broken
+    supply makes such a pool): the step does not wait (nothing pending would help; a wait for
+    "any" group would never end) and the excess is dropped when due, counted."""
+    pool = GroupPool(1, max_staleness=1, on_stale="wait")
+    pool.add(["a", "b", "c"], born=1)
+    for key in "abc":
+        pool.scored(key)
+    assert pool.select(1).take == ("a",)
+    choice = pool.select(2)
+    assert choice.take == ("b",) and choice.drop == ("c",) and pool.dropped == 1
 
 
 def test_more_ready_groups_due_than_a_step_trains_on_drop_the_excess_oldest_kept():

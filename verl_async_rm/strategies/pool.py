@@ -35,7 +35,7 @@ sample is ever staler than the bound. Under ``wait`` two rules keep that from ha
 adds a batch only while the whole batch fits under the count above (``whole_batches``), so the pool
 never holds more groups than the steps up to the newest deadline train; and a step takes younger
 ready groups only while the groups left can all still meet their deadlines, counted earliest
-deadline first (``overdue_later``); otherwise it waits for a score first (``for_bound``: rare, and
+deadline first (``first_overdue``); otherwise it waits for a score first (``for_bound``: rare, and
 counted with the waits for due groups). The run's last step keeps no room for steps after it. One
 case is left: a refill after failed sessions (``starved``) at ``max_staleness=0``, all due at once;
 its excess is dropped as under ``drop`` (counted).
@@ -152,7 +152,7 @@ class GroupPool:
             return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
         if len(chosen) < self.train_groups:
             return Selection(starved=True, drop=drop)
-        if self.on_stale == "wait" and self._overdue_later(step, chosen, last_step):
+        if self.on_stale == "wait" and self._must_wait_for_an_older_group(step, chosen, last_step):
             # taking younger ready groups now would leave more groups due at some later step than
             # the steps until then can train (wait: none may be dropped): the step waits for a
             # score first, as it would for a due group ("Deadlines" above)
@@ -166,13 +166,15 @@ class GroupPool:
         self._carried_keys -= {g.key for g in chosen}
         return Selection(take=tuple(g.key for g in chosen), drop=drop)
 
-    def _overdue_later(self, step: int, chosen: list, last_step: Optional[int]) -> bool:
+    def _must_wait_for_an_older_group(self, step: int, chosen: list, last_step: Optional[int]) -> bool:
         """Whether, after this step takes ``chosen``, some later step s (up to ``last_step``) would
         hold more groups that must be trained by s (born + max_staleness <= s) than the steps
-        step+1..s train."""
+        step+1..s train, while a group due by s is still being scored (waiting for it helps: once
+        it is in, it is taken instead of a younger one; with every such group in, nothing can)."""
         taken = {g.key for g in chosen}
-        return overdue_later(step, [g.born + self.max_staleness for g in self.groups.values() if g.key not in taken],
-                             self.train_groups, last_step)
+        left = [g for g in self.groups.values() if g.key not in taken]
+        s = first_overdue(step, [g.born + self.max_staleness for g in left], self.train_groups, last_step)
+        return s is not None and any(not g.ready and g.born + self.max_staleness <= s for g in left)
 
     def snapshot(self) -> dict:
         """What a checkpoint must record to resume without losing or repeating a group."""
@@ -180,17 +182,15 @@ class GroupPool:
                 "dropped": self.dropped, "order": self._order}
 
 
-def overdue_later(step: int, deadlines: list[int], train_groups: int, last_step: Optional[int] = None) -> bool:
-    """Whether groups with these deadlines (the last step each may be trained in) cannot all be
-    trained in time by the steps after ``step``, each training ``train_groups``: some s in
-    (step, last_step] has more deadlines <= s than (s - step) x train_groups (earliest deadline
-    first is optimal for unit jobs, so that count is the whole test)."""
-    count = 0
-    for i, d in enumerate(sorted(deadlines)):
-        count = i + 1
+def first_overdue(step: int, deadlines: list[int], train_groups: int, last_step: Optional[int] = None) -> Optional[int]:
+    """The first step s in (step, last_step] by which groups with these deadlines (the last step
+    each may be trained in) cannot all be trained, the steps after ``step`` each training
+    ``train_groups``: more deadlines <= s than (s - step) x train_groups (earliest deadline first is
+    optimal for unit jobs, so that count is the whole test); None when they all can."""
+    for count, d in enumerate(sorted(deadlines), start=1):
         if d > step and (last_step is None or d <= last_step) and count > (d - step) * train_groups:
-            return True
-    return False
+            return d
+    return None
 
 
 def short_of_supply(pool_groups: int, train_groups: int, lookahead: int, steps_left: int,
