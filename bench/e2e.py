@@ -96,8 +96,8 @@ TAIL = ["off_policy_steps=auto", "max_staleness=2", "on_stale=wait"]
 TAIL_DROP = ["off_policy_steps=auto", "max_staleness=2", "on_stale=drop"]
 # The waiting pool with a bound that outlasts the deadline: in `heavy_2.5x` a hung call is settled
 # 5C after it is sent, and a group may be carried 6 steps (each about C) before it is due, so no step
-# waits for a hang's group at its bound. It tells how much of `tail`'s exposed wait is the bound (the
-# rest: too few scored groups in a pool fed one batch a step, and the last step's slowest group).
+# waits for a hang's group at its bound: what `wait` hides when the bound follows the README's rule
+# (at least ticket_deadline / step time), against `tail`, whose bound of 2 is shorter.
 TAIL_S6 = ["off_policy_steps=auto", "max_staleness=6", "on_stale=wait"]
 MODES: dict[str, list[str]] = {
     STOCK: [],

@@ -64,6 +64,21 @@ def test_a_slow_group_is_carried_and_the_step_takes_ready_ones():
     driver.abandon()
 
 
+def test_after_the_last_step_the_pools_calls_are_cancelled_and_its_batches_kept_for_a_resume():
+    """The run's last step leaves groups in the pool (the supply's depth): their calls still out are
+    cancelled, and a checkpoint still names their batches for a resume."""
+    rw = rewards(extra_keys=())
+    driver = PoolDriver(rw, GROUPS, max_staleness=1, on_stale="wait")
+    driver.add(streamed_batch(rw, 1, [0.0, 0.0, 0.0], weights_step=0), born=1, position_of={"b1g0": 0, "b1g1": 1, "b1g2": 2})
+    driver.add(streamed_batch(rw, 2, [0.0, 30.0, 30.0], weights_step=0), born=1, position_of={"b2g0": 0, "b2g1": 1, "b2g2": 2})
+    step = driver.next_step(1, generate_more=lambda: False, last_step=1)
+    assert sorted({(b, g) for b, g, _ in step.rows}) == [(1, 0), (1, 1), (1, 2)]
+    assert driver.stop_scoring() == 2 * N  # two slow groups of N calls each; the fast group is in
+    assert driver.stop_scoring() == 0  # nothing left to stop
+    state, live = driver.resume_state(None)
+    assert state == {"drawn": 2} and live == [{"born": 1, "trained": []}]
+
+
 def test_resume_leaves_out_what_was_trained():
     rw = rewards(extra_keys=())
     driver = PoolDriver(rw, GROUPS, max_staleness=1, on_stale="wait", skip={0: {0, 2}, 1: {0}})

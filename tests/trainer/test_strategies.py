@@ -592,6 +592,8 @@ def test_the_waiting_pool_is_supplied_as_deep_as_the_bound_allows_and_drops_noth
     assert max(values(result, "async_rm/staleness/max")) <= 2
     assert all(0 <= due <= wait for due, wait in zip(values(result, "async_rm/pool_wait_due_s"),
                                                    values(result, "async_rm/pool_wait_s")))
+    # after the last step the calls of the groups left in the pool are stopped (counted once)
+    assert [step for step, _ in result.series("async_rm/pool_calls_cancelled_at_end")] == [4]
 
 
 def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):

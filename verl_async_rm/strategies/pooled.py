@@ -210,6 +210,13 @@ class PoolDriver:
             return queued_loader_state, []
         return self.live[0].generated.loader_state, [{"born": b.born, "trained": sorted(b.finished)} for b in self.live]
 
+    def stop_scoring(self) -> int:
+        """The run's last step has its groups: none left in the pool will be trained in this run, so
+        their calls still out are cancelled (a remote judge bills each, and a hung one would keep
+        the agent busy at shut-down); how many. The batches stay live, so a checkpoint taken now
+        still has them drawn and generated again on resume (``resume_state``)."""
+        return sum(self.rewards.cancel(live.generated.rewards) for live in self.live if live.generated.rewards.remaining)
+
     def abandon(self) -> None:
         for live in self.live:
             if live.generated.rewards.remaining:

@@ -388,7 +388,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self.on_sample_end()
 
         def generate_more() -> bool:
-            """Drops ate the supply (on_stale=drop): one batch more, for this step, by the same weights.
+            """Drops (or failed sessions) ate the supply: one batch more, for this step, by the same weights.
             The replicas slept after this step's generation: wake them as verl does (a weight sync of
             the unchanged weights), generate, and put them back to sleep."""
             self.checkpoint_manager.update_weights(self.global_steps - 1)
@@ -402,6 +402,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
             tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
         with marked_timer("reward_wait", timing_raw, color="yellow"):
             chosen = self._pool.next_step(self.global_steps, generate_more, last_step=self.total_training_steps)
+        if self.global_steps >= self.total_training_steps:
+            # the supply's depth is left in the pool: this run trains none of it, stop its calls
+            chosen.metrics["async_rm/pool_calls_cancelled_at_end"] = self._pool.stop_scoring()
         for live in self._pool.live:  # generate_more may have added one
             tags.update(zip(live.generated.batch.keys, live.generated.batch.tags))
         stale = chosen.dropped_rows + self._pool.skipped_rows
