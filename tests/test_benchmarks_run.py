@@ -30,3 +30,29 @@ def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(out.with_name("result_quick.json").read_text())
     assert keys <= set(written)
+
+
+def test_startup_profile_names_each_process_of_a_lane(tmp_path):
+    """One demo lane to its start gate: every verl process and this package's reward agent are
+    counted, with CPU seconds that add up to the total."""
+    out = tmp_path / "startup.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "startup_profile.py"), "--out", str(out)],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads(out.read_text())
+    names = set(written["by_process"])
+    assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::AsyncRewardTaskRunner.run",
+            "python -m verl_async_rm.main_ppo"} <= names, names
+    assert all(entry["cpu_s"] >= 0 and entry["processes"] >= 1 for entry in written["by_process"].values())
+    assert written["cpu_s"] == pytest.approx(sum(e["cpu_s"] for e in written["by_process"].values()), abs=0.2)
+    assert 0 < written["wall_to_gate_s"] and {"command", "machine"} <= set(written)
+
+
+@pytest.mark.quick
+def test_startup_profile_process_names():
+    from bench.startup_profile import process_name
+
+    assert process_name(["ray::WorkerDict" + " " * 40, ""]) == "ray::WorkerDict"  # Ray pads an actor's title
+    assert process_name(["/venv/bin/python", "-m", "verl_async_rm.main_ppo", "a=b"]) == "python -m verl_async_rm.main_ppo"
+    assert process_name(["/venv/bin/python", "-u", "/venv/lib/ray/_private/log_monitor.py", "--x"]) == "log_monitor.py"
+    assert process_name(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--a"]) == "raylet"
