@@ -33,8 +33,9 @@ def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):
 
 
 def test_startup_profile_names_each_process_of_a_lane(tmp_path):
-    """One demo lane to its start gate: every verl process and this package's reward agent are
-    counted, with CPU seconds that add up to the total."""
+    """One demo lane (`both`) to its start gate: every verl process and this package's reward agent
+    are counted, with CPU seconds that add up to the total, and verl's reward-loop worker is not
+    started (the strategies score through the agent)."""
     out = tmp_path / "startup.json"
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "startup_profile.py"), "--out", str(out)],
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -43,6 +44,7 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     names = set(written["by_process"])
     assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::AsyncRewardTaskRunner.run",
             "python -m verl_async_rm.main_ppo"} <= names, names
+    assert "ray::RewardLoopWorker" not in names  # a strategy run (`both`): the agent scores, verl's would idle
     assert all(entry["cpu_s"] >= 0 and entry["processes"] >= 1 for entry in written["by_process"].values())
     assert written["cpu_s"] == pytest.approx(sum(e["cpu_s"] for e in written["by_process"].values()), abs=0.2)
     assert 0 < written["wall_to_gate_s"] and {"command", "machine"} <= set(written)

@@ -78,6 +78,21 @@ def test_the_per_sample_path_gets_its_group_sizes_from_the_agent_loop(use_v1, ex
     assert not naive.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")  # verl's own config, untouched
 
 
+@pytest.mark.parametrize("use_v1", [True, False])
+def test_a_strategy_run_starts_none_of_verls_reward_loop_workers(use_v1):
+    """The agent scores every sample of a strategy run, so verl's reward-loop workers (8 by default,
+    each a Ray actor importing verl) would only idle: reward.num_workers becomes 0, the legacy
+    spelling included; without a strategy verl's value stays."""
+    from verl_async_rm.main_ppo import prepare
+
+    v1 = f"trainer.use_v1={str(use_v1).lower()}"
+    assert ours(v1).reward.num_workers == 8  # verl's default
+    assert prepare(ours(v1, "off_policy_steps=1")).reward.num_workers == 0
+    assert prepare(ours(v1, "off_policy_steps=1", "reward_model.num_workers=4")).reward.num_workers == 0
+    assert prepare(ours(v1, "reward.reward_manager.name=async_agent")).reward.num_workers == 8
+    assert prepare(ours(v1, "reward.num_workers=3")).reward.num_workers == 3
+
+
 @pytest.mark.parametrize("module", ["verl_async_rm.integration.group_size_v0", "verl_async_rm.integration.group_size_v1"])
 def test_the_stamping_managers_import(module):
     import importlib

@@ -20,6 +20,7 @@ from verl_async_rm.loader import check_spec
 from verl_async_rm.masking import check_masking, mask_shape_from_config
 from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
 from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
+from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
 V1_STREAMING_CLASS = "verl_async_rm.strategies.streaming_v1.StreamingAgentLoopManagerTQ"  # = streaming.V1_MANAGER_CLASS (light import here)
@@ -36,6 +37,8 @@ def prepare(config: DictConfig) -> DictConfig:
     check_masking(mask_shape_from_config(config))  # failure_policy=mask: only where it is exact
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
+    if strategy.enabled:
+        without_reward_loop_workers(config)  # the agent scores every sample: verl's would idle
     if strategy.enabled and config.trainer.get("use_v1", True):
         with open_dict(config):
             config.trainer.v1.trainer_mode = V1_MODE

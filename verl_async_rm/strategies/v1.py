@@ -60,6 +60,7 @@ from verl_async_rm.strategies.pool import short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
+from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
@@ -162,6 +163,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         shape = shape_from_config(self.config)
         check_strategy(self.strategy, shape)
         check_masking(mask_shape_from_config(self.config))
+        if self.strategy.enabled:  # verl's stock entry point reaches here without main_ppo's prepare
+            without_reward_loop_workers(self.config)
         self.plan = plan_mini_batches(self.strategy, shape)
         if self.strategy.stream_rewards:
             chosen = self.config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
