@@ -12,7 +12,7 @@ manager. A run is (trainer, seed, regime, mode):
   that the agent's deadline settles), ``fail20`` (``tail_1x`` with 20% of judge calls failing);
 - modes: ``baseline`` (verl's stock trainer, rewards scored per sample in verl's agent loop), the
   strategies (``both``: mini-batch pipeline + one step off-policy; ``tail``: the tail-tolerant pool
-  with bounded staleness; ``tail_drop`` and ``tail_s6``: its variants), and, under failures, stock verl, ``both_neutral`` and ``both_mask``.
+  with bounded staleness; ``tail_drop``, ``tail_s6`` and ``tail_auto``: its variants), and, under failures, stock verl, ``both_neutral`` and ``both_mask``.
 
 Figures, per (trainer, regime, mode), median [min, max] over seeds, ratios paired within a seed:
 loop time (sum of step times: Ray start-up and the warm-up absorbed by a validation pass are left
@@ -99,12 +99,18 @@ TAIL_DROP = ["off_policy_steps=auto", "max_staleness=2", "on_stale=drop"]
 # waits for a hang's group at its bound: what `wait` hides when the bound follows the README's rule
 # (at least ticket_deadline / step time), against `tail`, whose bound of 2 is shorter.
 TAIL_S6 = ["off_policy_steps=auto", "max_staleness=6", "on_stale=wait"]
+# The README's rule made executable: max_staleness=auto raises the bound each step to ceil(ticket
+# deadline / median step compute) (strategies/pool.py), so no step waits for a group the deadline
+# settles. It needs a ticket deadline: in a regime without one (the instant judge, its same-mode
+# bound), the heavy regime's (AUTO_BOUND_DEADLINE), so both runs are the same configuration.
+TAIL_AUTO = ["off_policy_steps=auto", "max_staleness=auto", "on_stale=wait"]
 MODES: dict[str, list[str]] = {
     STOCK: [],
     **{m: o for m, o in DEMO_MODES.items() if m not in ("zero_latency", STOCK)},
     "tail": TAIL,
     "tail_drop": TAIL_DROP,
     "tail_s6": TAIL_S6,
+    "tail_auto": TAIL_AUTO,
     "both_neutral": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=neutral"],
     "both_mask": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=mask"],
 }
@@ -190,6 +196,8 @@ def mode_unavailable(mode: str, trainer: str = "v1") -> Optional[str]:
         return "the staleness pool runs on the v1 trainer only (strategies/plan.py)"
     if trainer == "v1" and any(f"off_policy_steps={k}" in overrides for k in range(2, 10)):
         return "v1 prefetches one batch at most (strategies/plan.py)"
+    if "max_staleness=auto" in overrides and "AUTO_STALENESS_START" not in (ROOT / "verl_async_rm" / "strategies" / "plan.py").read_text():
+        return "max_staleness=auto is not in this tree"
     if "max_staleness" in overrides:
         settings = (ROOT / "verl_async_rm" / "hydra_conf" / "async_reward_settings.yaml").read_text()
         if "max_staleness:" not in settings:
@@ -251,11 +259,17 @@ def source_fingerprint() -> str:
     return tree[:10] + ("+" + hashlib.sha1(dirty.encode()).hexdigest()[:8] if dirty else "")
 
 
+AUTO_BOUND_DEADLINE = "heavy_2.5x"  # the regime whose deadline max_staleness=auto gets where none is set
+
+
 def run_settings(run: Run, compute_s: float, decode_s: float) -> dict:
     """Everything that decides what a run measures (its cache key is a digest of this)."""
     regime = REGIMES[run.regime]
+    agent = regime.agent(compute_s)
+    if "max_staleness=auto" in MODES[run.mode] and not agent:  # auto needs a ticket deadline (TAIL_AUTO)
+        agent = REGIMES[AUTO_BOUND_DEADLINE].agent(compute_s)
     return {"judge": regime.judge(compute_s, run.seed),
-            "overrides": [*SHAPE, *VALIDATION, *MODES[run.mode], *AGENT, *regime.agent(compute_s)],
+            "overrides": [*SHAPE, *VALIDATION, *MODES[run.mode], *AGENT, *agent],
             "decode_s": decode_s}
 
 
@@ -668,6 +682,9 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
         if ("heavy_2.5x", "tail_drop") in rows:
             hidden_goal("heavy_2.5x", "tail_drop", GOAL_TAIL_HIDDEN,
                         f"tail-tolerant mode, on_stale=drop, hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
+        if ("heavy_2.5x", "tail_auto") in rows:
+            hidden_goal("heavy_2.5x", "tail_auto", GOAL_TAIL_HIDDEN,
+                        f"tail-tolerant mode, on_stale=wait, max_staleness=auto (from the deadline), hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
         if ("heavy_2.5x", "tail_s6") in rows:
             hidden_goal("heavy_2.5x", "tail_s6", GOAL_TAIL_HIDDEN,
                         f"tail-tolerant mode, on_stale=wait, max_staleness=6 (past the 5C deadline), hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")

@@ -184,7 +184,7 @@ def test_each_tail_tolerant_variant_run_in_the_heavy_regime_is_judged_on_its_own
     records = []
     for seed in range(3):  # stock bound 10 s, stock 40 s; each variant's own bound 10 s
         records += [rec("v1", seed, "zero", "baseline", 10.0), rec("v1", seed, "heavy_2.5x", "baseline", 40.0)]
-        for mode, loop in (("tail", 15.0), ("tail_drop", 12.0), ("tail_s6", 12.5)):
+        for mode, loop in (("tail", 15.0), ("tail_drop", 12.0), ("tail_s6", 12.5), ("tail_auto", 11.5)):
             records += [rec("v1", seed, "zero", mode, 10.0), rec("v1", seed, "heavy_2.5x", mode, loop)]
     by_goal = {g["goal"]: g for g in goals(timing_table(records), [], [])}
     wait2 = by_goal["tail-tolerant mode hides >= 90%, lognormal p99 = 2.5x compute (heavy_2.5x)"]
@@ -193,6 +193,8 @@ def test_each_tail_tolerant_variant_run_in_the_heavy_regime_is_judged_on_its_own
     assert wait2["figure"]["median"] == pytest.approx(25 / 30, abs=1e-4) and wait2["pass"] is False
     assert drop["figure"]["median"] == pytest.approx(28 / 30, abs=1e-4) and drop["pass"] is True
     assert wait6["figure"]["median"] == pytest.approx(27.5 / 30, abs=1e-4) and wait6["pass"] is True
+    auto = next(g for name, g in by_goal.items() if "max_staleness=auto" in name)
+    assert auto["figure"]["median"] == pytest.approx(28.5 / 30, abs=1e-4) and auto["pass"] is True
     # a variant not run adds no goal row (never a pass by absence)
     without = goals(timing_table([r for r in records if r["mode"] != "tail_s6"]), [], [])
     assert not any("max_staleness=6" in g["goal"] for g in without)
@@ -201,6 +203,18 @@ def test_each_tail_tolerant_variant_run_in_the_heavy_regime_is_judged_on_its_own
 @quick
 def test_the_benchmark_modes_differ_only_where_their_names_say():
     assert e2e.MODES["tail_s6"] == [o.replace("max_staleness=2", "max_staleness=6") for o in e2e.MODES["tail"]]
+    assert e2e.MODES["tail_auto"] == [o.replace("max_staleness=2", "max_staleness=auto") for o in e2e.MODES["tail"]]
+
+
+@quick
+def test_the_auto_bound_mode_gets_the_heavy_judges_deadline_wherever_its_regime_sets_none():
+    """max_staleness=auto is refused without a ticket deadline: the instant-judge run (its same-mode
+    bound) and the uniform regimes get the heavy regime's, so every tail_auto run is one configuration."""
+    heavy = e2e.run_settings(e2e.Run("v1", 0, "heavy_2.5x", "tail_auto"), 1.0, 0.0)["overrides"]
+    zero = e2e.run_settings(e2e.Run("v1", 0, "zero", "tail_auto"), 1.0, 0.0)["overrides"]
+    deadline = [o for o in heavy if "ticket_deadline" in o]
+    assert deadline == ["reward.async_agent.ticket_deadline=5.0"] and set(deadline) <= set(zero)
+    assert not [o for o in e2e.run_settings(e2e.Run("v1", 0, "zero", "tail"), 1.0, 0.0)["overrides"] if "deadline" in o]
     assert e2e.MODES["tail_drop"] == [o.replace("on_stale=wait", "on_stale=drop") for o in e2e.MODES["tail"]]
 
 

@@ -11,19 +11,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead, first_overdue, short_of_supply, supply_lookahead
+from verl_async_rm.strategies.pool import (
+    GroupPool,
+    auto_lookahead,
+    auto_staleness_bound,
+    first_overdue,
+    short_of_supply,
+    supply_lookahead,
+)
 
 pytestmark = pytest.mark.quick
 
 
 def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, ready_fraction, supply=False,
-             supply_steps=None, lost=0.0):
+             supply_steps=None, lost=0.0, raise_to=None, rule=None):
     """Steps 1..steps; batch b (G groups) is generated for step b, ``lookahead`` steps early; before
     each selection a random part of the pending groups has been scored; a wait scores one more (the
     awaited group, or a random one). ``supply``: the v1 trainer's rule, a batch more (born at the
     latest step generated for) while the pool is ``short_of_supply`` for ``supply_steps`` of
     lookahead (default: ``lookahead``; under on_stale=wait by whole batches, as the trainer asks).
-    ``lost``: the chance that a prompt's session failed in generation (its group never joins)."""
+    ``lost``: the chance that a prompt's session failed in generation (its group never joins).
+    ``raise_to``: step -> the bound raised to before that step (max_staleness=auto); ``rule``: the
+    supply's depth recomputed each step as the trainer does, ``supply_lookahead(rule, lookahead,
+    the bound in force)``. Each log entry records the bound its step ran under."""
     supply_steps = lookahead if supply_steps is None else supply_steps
     rng = random.Random(seed)
     pool = GroupPool(groups_per_step, max_staleness, on_stale)
@@ -35,6 +45,10 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
         born_of.update(dict.fromkeys(keys, born))
 
     for step in range(1, steps + 1):
+        if raise_to and step in raise_to:
+            pool.raise_bound(raise_to[step])
+        if rule is not None:
+            supply_steps = supply_lookahead(rule, lookahead, pool.max_staleness)
         while generated < min(step + lookahead, steps):  # top up: batches for steps ..step+lookahead
             generated += 1
             add(generated, generated)
@@ -64,7 +78,7 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
             pending = pool.pending()
             pool.scored(choice.wait_for if choice.wait_for is not None else rng.choice(pending))
         log.append(dict(step=step, take=choice.take, dropped=dropped, waits=waits, bound_waits=bound_waits,
-                        ready_at_start=ready_at_start))
+                        ready_at_start=ready_at_start, bound=pool.max_staleness))
     return pool, log, extra, born_of
 
 
@@ -132,6 +146,82 @@ def test_supply_batches_under_wait_drop_nothing_and_keep_every_promise(g, steps,
     for entry in log:
         assert len(entry["take"]) == g
         assert all(entry["step"] - born_of[key] <= s for key in entry["take"])
+
+
+@settings(max_examples=120, deadline=None)
+@given(g=st.integers(1, 5), steps=st.integers(1, 12), k=st.integers(0, 2), s=st.integers(0, 3),
+       rule=st.integers(0, 8), seed=st.integers(0, 10**6), ready=st.floats(0, 1),
+       on_stale=st.sampled_from(["wait", "drop"]),
+       raises=st.dictionaries(st.integers(2, 12), st.integers(0, 6), max_size=4))
+def test_a_bound_raised_mid_run_keeps_every_promise(g, steps, k, s, rule, seed, ready, on_stale, raises):
+    """max_staleness=auto raises the bound between steps (never lowers it: a lower value is ignored)
+    with the supply recomputed under it, as the v1 trainer does: every group trained once, dropped
+    or still in the pool; none dropped under wait (the refill case aside: s=0 is not reached, the
+    bound only grows from s); each step full and never staler than the bound it ran under."""
+    pool, log, extra, born_of = simulate(g, steps, k, s, on_stale, seed, ready, supply=True, raise_to=raises, rule=rule)
+    taken = [key for entry in log for key in entry["take"]]
+    dropped = [key for entry in log for key in entry["dropped"]]
+    assert len(taken) == len(set(taken)) and not set(taken) & set(dropped) and pool.dropped == len(dropped)
+    assert set(taken) | set(dropped) | set(pool.groups) == set(born_of)
+    assert on_stale == "drop" or not dropped
+    bound = s
+    for entry in log:
+        bound = max([bound] + [b for step, b in raises.items() if step <= entry["step"]])
+        assert entry["bound"] == bound  # raised, never lowered
+        assert len(entry["take"]) == g
+        assert all(entry["step"] - born_of[key] <= entry["bound"] for key in entry["take"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(deadline=st.floats(0.01, 100), computes=st.lists(st.floats(0.001, 20), max_size=16), current=st.integers(0, 8))
+def test_the_auto_bound_outlasts_the_deadline_and_never_falls(deadline, computes, current):
+    bound = auto_staleness_bound(deadline, computes, current)
+    assert bound >= current
+    if computes:
+        median = sorted(computes)[len(computes) // 2] if len(computes) % 2 else \
+            (sorted(computes)[len(computes) // 2 - 1] + sorted(computes)[len(computes) // 2]) / 2
+        assert bound * median >= deadline * (1 - 1e-9)  # carried this long, the deadline has fired
+        assert bound == current or (bound - 1) * median < deadline  # and no longer than that
+    else:
+        assert bound == current  # nothing measured yet
+    assert auto_staleness_bound(deadline * 2, computes, current) >= bound  # monotone in the deadline
+
+
+def test_under_the_auto_bound_no_step_waits_for_a_group_the_deadline_settles():
+    """The arithmetic behind max_staleness=auto, with the real pool rules: steps of compute C, batch b
+    generated at the start of step b - k, each group scored L <= D seconds later (a hang: exactly D,
+    when the deadline settles it). Under the bound ceil(D / C) no step waits for a due group. With
+    generation one step ahead (k = 1) that bound has a step to spare (a batch is scored from a step
+    before its own; on-policy, supply batches have none): two steps less, and the step a hang comes
+    due in waits for it."""
+    C, D, G, STEPS = 1.0, 4.6, 3, 14
+    rng = random.Random(7)
+    latency = {(b, i): (D if (b, i) in {(3, 1), (8, 0)} else rng.uniform(0, 1.5 * C)) for b in range(1, STEPS + 2) for i in range(G)}
+
+    def due_waits(bound: int, K: int) -> int:
+        pool, generated, waits = GroupPool(G, bound, "wait"), 0, 0
+        ready_at = {}
+        for step in range(1, STEPS + 1):
+            now = (step - 1) * C
+            while generated < min(step + K, STEPS):
+                generated += 1
+                pool.add([(generated, i) for i in range(G)], born=generated)
+                ready_at.update({(generated, i): now + latency[(generated, i)] for i in range(G)})
+            while True:
+                for key in pool.pending():
+                    if ready_at[key] <= now:
+                        pool.scored(key)
+                choice = pool.select(step, STEPS)
+                if not choice.waiting:
+                    break
+                waits += choice.wait_for is not None
+                pending = pool.pending() if choice.wait_for is None else [choice.wait_for]
+                now = max(now, min(ready_at[key] for key in pending))  # the clock runs while the step waits
+        return waits
+
+    assert auto_staleness_bound(D, [C] * 5, 1) == 5
+    assert due_waits(5, K=1) == 0 and due_waits(4, K=1) == 0
+    assert due_waits(3, K=1) >= 1
 
 
 def test_a_step_waits_rather_than_leave_more_due_later_than_the_steps_can_train():

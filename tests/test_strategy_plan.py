@@ -306,8 +306,11 @@ def test_pool_and_auto_lookahead_flags():
     assert pooled.enabled and pooled.pooled and pooled.stream_rewards
     assert not strategy_from_mapping({"mini_batch_pipeline": True}).pooled
     assert not strategy_from_mapping({"stream_rewards": False, "mini_batch_pipeline": True}).stream_rewards
-    for bad in ({"max_staleness": -1}, {"max_staleness": "1"}, {"on_stale": "skip"}, {"off_policy_steps": "often"},
-                {"stream_rewards": "yes"}):
+    auto = strategy_from_mapping({"max_staleness": "auto"})
+    assert (auto.auto_staleness, auto.max_staleness, auto.pooled) == (True, 1, True)  # 1 until the first step is measured
+    assert not pooled.auto_staleness
+    for bad in ({"max_staleness": -1}, {"max_staleness": "1"}, {"max_staleness": "Auto"}, {"on_stale": "skip"},
+                {"off_policy_steps": "often"}, {"stream_rewards": "yes"}):
         with pytest.raises(ValueError):
             strategy_from_mapping(bad)
 
@@ -320,11 +323,21 @@ def test_pool_and_auto_lookahead_flags():
         ({"off_policy_steps": 1}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
         ({"off_policy_steps": "auto"}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
         ({"max_staleness": 0}, {"rollout_correction": True, "calculate_log_probs": False}, "calculate_log_probs"),
+        ({"max_staleness": "auto"}, {"ticket_deadline": None}, "no ticket_deadline is set"),
     ],
 )
 def test_pool_combinations_that_would_be_wrong_are_refused(values, changes, match):
     with pytest.raises(ValueError, match=match):
         check_strategy(strategy_from_mapping(values), shape(**changes))
+
+
+def test_the_auto_bound_reads_the_agents_ticket_deadline_from_verls_config():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"reward": {"async_agent": {"ticket_deadline": 12.5}}, "max_staleness": "auto"})
+    assert shape_from_config(config).ticket_deadline == 12.5
+    check_strategy(strategy_from_mapping(config), shape_from_config(config))
+    assert shape_from_config(OmegaConf.create({"reward": {"async_agent": {}}})).ticket_deadline is None
 
 
 def test_on_policy_correction_without_rollout_log_probs_stays_verls_business():

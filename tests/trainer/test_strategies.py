@@ -113,7 +113,12 @@ POOL_DROP = dict(flags=[*[f for f in POOL["flags"] if not f.startswith(("max_sta
 # The waiting pool with auto lookahead: the supply keeps it as deep as the rule says within the
 # bound (1 ahead + 1, pool.supply_lookahead) and no group is dropped (pool.py, "Deadlines").
 POOL_WAIT_AUTO = dict(flags=[*[f for f in POOL["flags"] if not f.startswith("off_policy_steps")], "off_policy_steps=auto"])
-POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO}
+# Both bounds automatic: max_staleness=auto raises the bound after each step to ceil(ticket_deadline /
+# median step compute) (pool.auto_staleness_bound). The deadline counts from the ticket's opening (generation
+# start; the first generation warms up for seconds), so 20 s outlasts every 0-6 s call.
+POOL_AUTO_BOUND = dict(flags=[*[f for f in POOL_WAIT_AUTO["flags"] if not f.startswith("max_staleness")], "max_staleness=auto",
+                              "reward.async_agent.request_timeout=20", "reward.async_agent.ticket_deadline=20"])
+POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
@@ -594,6 +599,39 @@ def test_the_waiting_pool_is_supplied_as_deep_as_the_bound_allows_and_drops_noth
                                                    values(result, "async_rm/pool_wait_s")))
     # after the last step the calls of the groups left in the pool are stopped (counted once)
     assert [step for step, _ in result.series("async_rm/pool_calls_cancelled_at_end")] == [4]
+
+
+@pytest.fixture(scope="module")
+def pool_auto_bound_run(tmp_path_factory, assets):
+    directory = tmp_path_factory.mktemp("v1_pool_auto_bound")
+    return directory, train(directory, assets, "v1", "pool_auto_bound")
+
+
+def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(tmp_path, pool_auto_bound_run, assets):
+    """max_staleness=auto, on_stale=wait, a 20 s ticket deadline against 0-6 s calls and ~1-2 s steps:
+    the bound is 1 for step 1 (nothing measured), raised after it and never lowered; no step from
+    the second on waits for a due group (the bound outlasts the deadline, and the deadline every
+    call); every step trains 8 whole groups once with their own rewards, none dropped, no sample
+    staler than one batch ahead + the bound it ran under. The checkpoint at step 2 records the bound
+    in force, and a run resumed from it starts under that bound (not 1)."""
+    directory, result = pool_auto_bound_run
+    assert_whole_groups_each_once_with_their_own_rewards(directory)
+    bounds = values(result, "async_rm/max_staleness")
+    assert bounds[0] == 1.0 and bounds == sorted(bounds) and bounds[1] >= 2, bounds
+    assert values(result, "async_rm/groups_dropped_stale") == [0] * 4
+    assert values(result, "async_rm/pool_wait_due_s")[1:] == [0.0] * 3
+    assert all(stale <= 1 + bound for stale, bound in zip(values(result, "async_rm/staleness/max"), bounds))
+    checkpoint = directory / "checkpoints" / "global_step_2"
+    saved = json.loads((checkpoint / "async_rm_pool.json").read_text())["max_staleness"]
+    assert saved == bounds[2]  # the bound step 3 ran under: raised after step 2, before the save
+    resumed_result = train(tmp_path, assets, "v1", "pool_auto_bound", "trainer.resume_mode=resume_path",
+                           f"trainer.resume_from_path={checkpoint}")
+    assert values(resumed_result, "async_rm/max_staleness")[0] == saved
+    resumed = dumped(tmp_path)
+    assert sorted(resumed) == [3, 4]
+    for rows in resumed.values():  # whole groups (which ones is timing's choice with a supply: exactness of
+        groups = Counter(row["uid"].rsplit("_", 2)[0] for row in rows)  # a resume is the pool test's below)
+        assert len(rows) == 32 and len(groups) == 8 and set(groups.values()) == {4}
 
 
 def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 MAX_OFF_POLICY_STEPS = 4
+# max_staleness=auto: the bound in force before the first step is measured (it only grows: pool.py,
+# "max_staleness: auto"); at step 1 no group is due under any bound >= 1.
+AUTO_STALENESS_START = 1
 ON_STALE = ("wait", "drop")  # = pool.ON_STALE (plan stays import-free)
 MINI_BATCH_ORDERS = ("completion", "index")
 
@@ -69,6 +72,10 @@ class StrategyConfig:
     # whole, in one update call as verl does (the split costs a call per mini-batch for nothing).
     # true: split it all the same (the pipeline's own path under an instant reward, in tests).
     split_scored_batches: bool = False
+    # max_staleness=auto: the bound is raised each step to ceil(ticket_deadline / median step compute)
+    # (pool.auto_staleness_bound), so a group may be carried as long as the agent may take to settle
+    # it; max_staleness then holds the bound before the first measurement (AUTO_STALENESS_START).
+    auto_staleness: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -113,13 +120,16 @@ def strategy_from_mapping(values: Mapping[str, Any]) -> StrategyConfig:
     stream = values.get("stream_rewards")
     stream = True if stream is None else _flag(stream, "stream_rewards")
     staleness = values.get("max_staleness")
+    auto_staleness = staleness == "auto"
+    if auto_staleness:
+        staleness = AUTO_STALENESS_START  # until the first step is measured
     if staleness is not None and (isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0):
-        raise ValueError(f"max_staleness must be null (no pool) or an integer >= 0, got {staleness!r}")
+        raise ValueError(f"max_staleness must be null (no pool), 'auto' or an integer >= 0, got {staleness!r}")
     on_stale = values.get("on_stale") or "wait"
     if on_stale not in ON_STALE:
         raise ValueError(f"on_stale must be one of {ON_STALE}, got {on_stale!r}")
     split = _flag(values.get("split_scored_batches"), "split_scored_batches")
-    return StrategyConfig(pipeline, steps, order, stream, staleness, on_stale, auto, split)
+    return StrategyConfig(pipeline, steps, order, stream, staleness, on_stale, auto, split, auto_staleness)
 
 
 # -- the rest of verl's config, as the checks need it ------------------------------------------------
@@ -149,6 +159,7 @@ class TrainerShape:
     actor_shuffle: bool = False  # actor.shuffle / critic.shuffle: verl shuffles the rows of an update
     critic_shuffle: bool = False  # call across its mini-batches (verl's default: off)
     world_size: int = 1  # trainer.n_gpus_per_node x trainer.nnodes
+    ticket_deadline: Optional[float] = None  # reward.async_agent.ticket_deadline (s): max_staleness=auto's basis
 
 
 def _select(config: Any, dotted: str, default: Any = None) -> Any:
@@ -196,7 +207,14 @@ def shape_from_config(config: Any) -> TrainerShape:
         actor_shuffle=bool(_select(config, "actor_rollout_ref.actor.shuffle", False)),
         critic_shuffle=bool(_select(config, "critic.shuffle", False)),
         world_size=int(_select(config, "trainer.n_gpus_per_node", 1) or 1) * int(_select(config, "trainer.nnodes", 1) or 1),
+        ticket_deadline=_deadline(_select(config, "reward.async_agent.ticket_deadline")),
     )
+
+
+def _deadline(value: Any) -> Optional[float]:
+    # validated with the rest of the agent's settings (config.AgentConfig); a value that is not a
+    # number is left to that check's error
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 V1_MODE = "async_reward"
@@ -238,6 +256,11 @@ def check_strategy(strategy: StrategyConfig, shape: TrainerShape) -> None:
             )
         if not shape.use_v1:
             raise ValueError("max_staleness (the pool) runs on the v1 trainer only so far; use trainer.use_v1=true")
+        if strategy.auto_staleness and shape.ticket_deadline is None:
+            raise ValueError(
+                "max_staleness=auto carries a group as many steps as reward.async_agent.ticket_deadline may take to "
+                "settle it, and no ticket_deadline is set: set one (seconds), or give max_staleness an integer"
+            )
     if shape.use_v1:
         if strategy.off_policy_steps > 1:
             raise ValueError(

@@ -40,6 +40,15 @@ counted with the waits for due groups). The run's last step keeps no room for st
 case is left: a refill after failed sessions (``starved``) at ``max_staleness=0``, all due at once;
 its excess is dropped as under ``drop`` (counted).
 
+``max_staleness: auto`` (``auto_staleness_bound``): under ``wait`` a step waits for a due group
+whose calls outlive the bound (a hung call holds it until the agent's ``ticket_deadline`` settles
+it); under ``drop`` such a group is lost. A group carried for as many steps as the deadline lasts,
+``ceil(ticket_deadline / C)`` with C the median measured step compute, is settled before it is due,
+so neither happens. The bound is raised to that each step and never lowered: every group in the
+pool was promised the bound in force when it was born, and a lower one could make it due at once.
+The staleness a sample actually gets still follows the latency it met (a group is trained as soon
+as it is scored, oldest first); only a straggler is carried up to the bound.
+
 Staleness of a sample trained at step t: ``t - 1 - weights_step`` (the number of policy updates
 between the weights that generated it and the ones it is trained against), the same measure as
 ``async_reward/staleness``. Carrying a group c steps adds c.
@@ -53,8 +62,9 @@ measured per-group latency, C the measured step compute without reward waits.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Optional
+from typing import Hashable, Iterable, Optional, Sequence
 
 ON_STALE = ("wait", "drop")
 
@@ -176,6 +186,11 @@ class GroupPool:
         s = first_overdue(step, [g.born + self.max_staleness for g in left], self.train_groups, last_step)
         return s is not None and any(not g.ready and g.born + self.max_staleness <= s for g in left)
 
+    def raise_bound(self, max_staleness: int) -> None:
+        """``max_staleness: auto``: a higher bound for every group, those in the pool included (they
+        may only be carried longer); a lower one is ignored ("max_staleness: auto" above)."""
+        self.max_staleness = max(self.max_staleness, int(max_staleness))
+
     def snapshot(self) -> dict:
         """What a checkpoint must record to resume without losing or repeating a group."""
         return {"groups": [(g.key, g.born, g.order) for g in self._by_age()], "carried": self.carried,
@@ -216,6 +231,16 @@ def supply_lookahead(rule_steps: int, ahead: int, max_staleness: int) -> int:
     (lognormal latency, p99 of 2.5 and 5 step computes) a deeper supply was also slower in every
     case tried but one (max_staleness 0 at p99 = 5 computes)."""
     return max(0, min(rule_steps, ahead + max_staleness))
+
+
+def auto_staleness_bound(deadline_s: float, step_compute_s: Sequence[float], current: int) -> int:
+    """``max_staleness: auto``: the steps a group may be carried so the agent's ticket deadline settles
+    it before it is due, ``ceil(deadline / median step compute)``, and never below ``current`` (the
+    bound in force). No measurement yet: ``current``."""
+    computes = [c for c in step_compute_s if c > 0 and not math.isnan(c)]
+    if not computes or not deadline_s > 0:
+        return current
+    return max(current, math.ceil(deadline_s / statistics.median(computes) - 1e-9))
 
 
 def auto_lookahead(reward_latency_s: float, step_compute_s: float, *, min_steps: int = 0, max_steps: int) -> int:

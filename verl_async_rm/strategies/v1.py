@@ -56,7 +56,7 @@ from verl_async_rm.strategies.plan import (
     shape_from_config,
     strategy_from_mapping,
 )
-from verl_async_rm.strategies.pool import short_of_supply, supply_lookahead
+from verl_async_rm.strategies.pool import auto_staleness_bound, short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
@@ -180,6 +180,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._last_positions: dict = {}  # uid -> position of the last drawn training batch
         self._pool: Optional[PoolDriver] = None
         self._pool_resume: list = []  # resume: the batches live at the checkpoint ({"born", "trained"})
+        self._resumed_bound = 0  # resume, max_staleness=auto: the bound in force at the checkpoint
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self._supply_depth = 0  # the pool with auto: batches of supply beyond this step's
@@ -350,7 +351,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         # staleness bound lets its groups be trained in time (pool.py, "Supply")
         rule = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=MAX_OFF_POLICY_STEPS)
         chosen = min(rule, 1)
-        self._supply_depth = supply_lookahead(rule, chosen, self.strategy.max_staleness)
+        self._supply_depth = supply_lookahead(rule, chosen, self._staleness_bound())
         if chosen != self.lookahead.depth:
             print(f"[verl_async_rm] off_policy_steps=auto: {self.lookahead.depth} -> {chosen} "
                   f"(reward latency p90 vs step compute measured so far)", flush=True)
@@ -361,6 +362,21 @@ class AsyncRewardTrainer(PPOTrainerSync):
         return out
 
     # -- the staleness pool (pooled.py) -----------------------------------------------------------
+    def _staleness_bound(self) -> int:
+        """The bound in force (max_staleness=auto raises it as steps are measured)."""
+        return self._pool.pool.max_staleness if self._pool is not None else self.strategy.max_staleness
+
+    def _raise_auto_bound(self) -> None:
+        """max_staleness=auto: carry a group as many steps as the ticket deadline may take to settle it
+        (pool.auto_staleness_bound), from the step computes measured so far."""
+        before = self._pool.pool.max_staleness
+        self._pool.pool.raise_bound(auto_staleness_bound(
+            self.rewards.settings.agent.ticket_deadline, self._measured["compute"], before))
+        if self._pool.pool.max_staleness != before:
+            print(f"[verl_async_rm] max_staleness=auto: {before} -> {self._pool.pool.max_staleness} "
+                  f"(ticket_deadline {self.rewards.settings.agent.ticket_deadline:g} s over the step compute measured so far)",
+                  flush=True)
+
     def _pooled_step(self, metrics: dict, timing_raw: dict, step_started: float) -> KVBatchMeta:
         def generate(born: int) -> None:
             generated = self._generate(metrics)
@@ -370,7 +386,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self.on_sample_begin()
             if self._pool is None:
                 live = self._pool_resume  # resume: the batches live at the checkpoint, drawn again first
-                self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size), self.strategy.max_staleness,
+                self._pool = PoolDriver(self.rewards, int(self.config.data.train_batch_size),
+                                        max(self.strategy.max_staleness, self._resumed_bound if self.strategy.auto_staleness else 0),
                                         self.strategy.on_stale, skip={i: set(b["trained"]) for i, b in enumerate(live)})
                 for batch in live:
                     generate(int(batch["born"]))
@@ -420,8 +437,12 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                scored=chosen.scored, staleness_of_row=chosen.staleness_of_row)
         compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
-        hint = None if self._due_wait_hinted or self.strategy.on_stale != "wait" else due_wait_hint(
-            chosen.metrics["async_rm/pool_wait_due_s"], compute, self.strategy.max_staleness)
+        chosen.metrics["async_rm/max_staleness"] = float(self._pool.pool.max_staleness)  # the bound this step ran under
+        # (under max_staleness=auto the bound already follows the deadline: the hint's advice is what it does)
+        hint = None if self._due_wait_hinted or self.strategy.on_stale != "wait" or self.strategy.auto_staleness else due_wait_hint(
+            chosen.metrics["async_rm/pool_wait_due_s"], compute, self._pool.pool.max_staleness)
+        if self.strategy.auto_staleness:
+            self._raise_auto_bound()
         if hint:
             self._due_wait_hinted = True
             print(f"[verl_async_rm] step {self.global_steps}: {hint}", flush=True)
@@ -512,7 +533,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             result = super()._save_checkpoint()
         if self._pool is not None:
             with open(os.path.join(self._step_folder(self.global_steps), POOL_STATE_FILE), "w") as f:
-                json.dump({"live": trained}, f)
+                json.dump({"live": trained, "max_staleness": self._pool.pool.max_staleness}, f)
         return result
 
     def _step_folder(self, step: int) -> str:
@@ -529,7 +550,10 @@ class AsyncRewardTrainer(PPOTrainerSync):
             path = os.path.join(folder, POOL_STATE_FILE)
             if os.path.exists(path):
                 with open(path) as f:
-                    self._pool_resume = json.load(f)["live"]
+                    state = json.load(f)
+                self._pool_resume = state["live"]
+                # the groups live at the checkpoint were promised this bound (max_staleness=auto raised it)
+                self._resumed_bound = int(state.get("max_staleness", 0))
         return result
 
 
