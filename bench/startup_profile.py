@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -37,9 +36,8 @@ def process_name(cmdline: list[str]) -> str:
     joined = " ".join(cmdline)
     if " -m " in joined:
         return "python -m " + joined.split(" -m ", 1)[1].split()[0]
-    for part in cmdline:
-        match = re.search(r"([\w.]+)(\.py)?$", part.rstrip("/"))
-        if match and ("ray" in part or part.endswith(".py")):
+    for part in cmdline:  # Ray's daemons: the first argument naming a Ray binary or a script
+        if "ray" in part or part.endswith(".py"):
             return Path(part).name
     return Path(cmdline[0]).name if cmdline else "?"
 
