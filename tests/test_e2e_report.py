@@ -204,6 +204,7 @@ def test_each_tail_tolerant_variant_run_in_the_heavy_regime_is_judged_on_its_own
 def test_the_benchmark_modes_differ_only_where_their_names_say():
     assert e2e.MODES["tail_s6"] == [o.replace("max_staleness=2", "max_staleness=6") for o in e2e.MODES["tail"]]
     assert e2e.MODES["tail_auto"] == [o.replace("max_staleness=2", "max_staleness=auto") for o in e2e.MODES["tail"]]
+    assert e2e.MODES["tail_drop"] == [o.replace("on_stale=wait", "on_stale=drop") for o in e2e.MODES["tail"]]
 
 
 @quick
@@ -215,7 +216,6 @@ def test_the_auto_bound_mode_gets_the_heavy_judges_deadline_wherever_its_regime_
     deadline = [o for o in heavy if "ticket_deadline" in o]
     assert deadline == ["reward.async_agent.ticket_deadline=5.0"] and set(deadline) <= set(zero)
     assert not [o for o in e2e.run_settings(e2e.Run("v1", 0, "zero", "tail"), 1.0, 0.0)["overrides"] if "deadline" in o]
-    assert e2e.MODES["tail_drop"] == [o.replace("on_stale=wait", "on_stale=drop") for o in e2e.MODES["tail"]]
 
 
 def failure_records(mask_delta, stock_final=0.33):

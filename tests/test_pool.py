@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -178,8 +179,7 @@ def test_the_auto_bound_outlasts_the_deadline_and_never_falls(deadline, computes
     bound = auto_staleness_bound(deadline, computes, current)
     assert bound >= current
     if computes:
-        median = sorted(computes)[len(computes) // 2] if len(computes) % 2 else \
-            (sorted(computes)[len(computes) // 2 - 1] + sorted(computes)[len(computes) // 2]) / 2
+        median = statistics.median(computes)
         assert bound * median >= deadline * (1 - 1e-9)  # carried this long, the deadline has fired
         assert bound == current or (bound - 1) * median < deadline  # and no longer than that
     else:
