@@ -87,7 +87,7 @@ class Selection:
     wait_for: Optional[object] = None
     waiting: bool = False
     drop: tuple = ()
-    starved: bool = False  # too few groups left, none pending (drops ate the supply): generate a batch more
+    starved: bool = False  # too few groups left, none pending (drops or failed sessions ate the supply): generate a batch more
     for_bound: bool = False  # on_stale=wait: waiting now keeps a later step from more due groups than it trains
 
 

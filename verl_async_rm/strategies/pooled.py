@@ -218,9 +218,8 @@ class PoolDriver:
         return sum(self.rewards.cancel(live.generated.rewards) for live in self.live if live.generated.rewards.remaining)
 
     def abandon(self) -> None:
-        for live in self.live:
-            if live.generated.rewards.remaining:
-                self.rewards.cancel(live.generated.rewards)
+        """Cancel every call still out and forget the live batches (nothing of them will be trained)."""
+        self.stop_scoring()
         self.live = []
 
 

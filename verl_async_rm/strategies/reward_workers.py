@@ -12,17 +12,13 @@ for the whole run. So a strategy run asks verl for none.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from omegaconf import DictConfig, open_dict
 
 
-def without_reward_loop_workers(config: DictConfig) -> Optional[int]:
+def without_reward_loop_workers(config: DictConfig) -> None:
     """Set ``reward.num_workers`` to 0 (call only when a strategy is enabled, before verl builds its
-    workers); returns the count it replaced, or None when it was 0 already."""
-    count = int(config.reward.get("num_workers") or 0)
-    if count == 0:
-        return None
+    workers)."""
+    if int(config.reward.get("num_workers") or 0) == 0:
+        return
     with open_dict(config):
         config.reward.num_workers = 0
-    return count
