@@ -196,8 +196,11 @@ def mode_unavailable(mode: str, trainer: str = "v1") -> Optional[str]:
         return "the staleness pool runs on the v1 trainer only (strategies/plan.py)"
     if trainer == "v1" and any(f"off_policy_steps={k}" in overrides for k in range(2, 10)):
         return "v1 prefetches one batch at most (strategies/plan.py)"
-    if "max_staleness=auto" in overrides and "AUTO_STALENESS_START" not in (ROOT / "verl_async_rm" / "strategies" / "plan.py").read_text():
-        return "max_staleness=auto is not in this tree"
+    if "max_staleness=auto" in overrides:
+        from verl_async_rm.strategies import plan
+
+        if not hasattr(plan, "AUTO_STALENESS_START"):
+            return "max_staleness=auto is not in this tree"
     if "max_staleness" in overrides:
         settings = (ROOT / "verl_async_rm" / "hydra_conf" / "async_reward_settings.yaml").read_text()
         if "max_staleness:" not in settings:

@@ -530,6 +530,8 @@ def test_modes_a_trainer_refuses_are_skipped_up_front():
     assert e2e.mode_unavailable("tail", "v0")  # the pool is v1 only
     assert e2e.mode_unavailable("both_k2", "v1")  # v1 prefetches one batch at most
     assert e2e.mode_unavailable("both", "v1") is None and e2e.mode_unavailable("both_k2", "v0") is None
+    assert e2e.mode_unavailable("tail_auto", "v1") is None  # max_staleness=auto is in this tree
+    assert e2e.mode_unavailable("tail_auto", "v0")  # ... and still v1 only
 
 
 @quick

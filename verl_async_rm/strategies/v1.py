@@ -369,13 +369,11 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _raise_auto_bound(self) -> None:
         """max_staleness=auto: carry a group as many steps as the ticket deadline may take to settle it
         (pool.auto_staleness_bound), from the step computes measured so far."""
-        before = self._pool.pool.max_staleness
-        self._pool.pool.raise_bound(auto_staleness_bound(
-            self.rewards.settings.agent.ticket_deadline, self._measured["compute"], before))
+        before, deadline = self._pool.pool.max_staleness, self.rewards.settings.agent.ticket_deadline
+        self._pool.pool.raise_bound(auto_staleness_bound(deadline, self._measured["compute"], before))
         if self._pool.pool.max_staleness != before:
             print(f"[verl_async_rm] max_staleness=auto: {before} -> {self._pool.pool.max_staleness} "
-                  f"(ticket_deadline {self.rewards.settings.agent.ticket_deadline:g} s over the step compute measured so far)",
-                  flush=True)
+                  f"(ticket_deadline {deadline:g} s over the step compute measured so far)", flush=True)
 
     def _pooled_step(self, metrics: dict, timing_raw: dict, step_started: float) -> KVBatchMeta:
         def generate(born: int) -> None:
