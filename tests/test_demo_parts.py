@@ -127,6 +127,42 @@ def test_a_run_parked_at_its_gate_is_frozen_until_its_gate_opens(tmp_path, monke
             lane.close()
 
 
+def _run_through_the_gate(lane):
+    deadline = time.monotonic() + 30
+    while not lane.at_gate and not lane.poll() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lane.at_gate
+    busy = _busy_child(lane)
+    lane.open_gate()
+    started = time.monotonic()
+    return busy, lane.wait(poll_s=0.05), time.monotonic() - started
+
+
+def test_a_run_that_marked_its_training_finished_is_ended_without_waiting_out_its_teardown(tmp_path, monkeypatch):
+    # main_ppo marks the training finished once verl's run returned (cpu_backend/finish_marker.py);
+    # the launcher then ends the run's processes instead of waiting for its teardown (Ray's: ~3.5 s a run)
+    monkeypatch.chdir(ROOT)
+    lane = RunningTrainer(_fake_cfg(tmp_path, env={"FAKE_TRAINER_TEARDOWN_S": "120", "FAKE_TRAINER_BUSY_CHILD": "1"}))
+    try:
+        busy, result, waited = _run_through_the_gate(lane)
+    finally:
+        lane.close()
+    assert result.ok and result.series("timing_s/step") == [(1, 0.5)]
+    assert waited < 60  # not the 120 s teardown
+    assert lane.proc.wait(timeout=5) == -9  # ended by the launcher, at once (no SIGTERM grace)...
+    busy.wait(timeout=5)  # ... with everything it started
+
+
+def test_a_run_that_fails_before_marking_its_training_finished_is_still_a_failure(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    lane = RunningTrainer(_fake_cfg(tmp_path, env={"FAKE_TRAINER_EXIT": "3", "FAKE_TRAINER_BUSY_CHILD": "1"}))
+    try:
+        _, result, _ = _run_through_the_gate(lane)
+    finally:
+        lane.close()
+    assert not result.ok and result.returncode == 3 and not lane.finished
+
+
 def test_only_a_run_waiting_at_its_gate_can_be_frozen(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     lane = RunningTrainer(_fake_cfg(tmp_path))

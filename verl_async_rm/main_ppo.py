@@ -14,6 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, open_dict
 
+from verl_async_rm.cpu_backend.finish_marker import mark_finished
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
@@ -67,17 +68,18 @@ def main(config: DictConfig) -> None:
         from verl.trainer.main_ppo import main as verl_main
 
         verl_main.__wrapped__(config)  # verl's own body, undecorated
-        return
-    from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    from verl.utils.device import auto_set_device
+    else:
+        from verl.trainer.main_ppo import run_ppo
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+        from verl.utils.device import auto_set_device
 
-    from verl_async_rm.strategies.v0_runner import AsyncRewardTaskRunnerActor
+        from verl_async_rm.strategies.v0_runner import AsyncRewardTaskRunnerActor
 
-    auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
+        auto_set_device(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
+    mark_finished()  # only under the CPU backend's launcher, which then ends the run (cpu_backend/finish_marker.py)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV
 from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .finish_marker import FINISHED_ENV
 from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
@@ -332,17 +333,18 @@ def _ray_processes(ray_tmp_dir: str) -> list:
     return found
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """End the trainer and everything it started: SIGTERM, then SIGKILL after 10 s."""
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """End the trainer and everything it started: SIGTERM, then SIGKILL after ``grace_s`` (0: at once)."""
     import psutil
 
     procs = _process_tree(proc)
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=10)
+    if grace_s > 0:
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s) if grace_s > 0 else ([], procs)
     for p in alive:
         try:
             p.kill()
@@ -404,6 +406,9 @@ class RunningTrainer:
         env = build_env(cfg, self.metrics_path, self.ray_tmp_dir)
         if self.gate:
             env[GATE_ENV] = self.gate
+        # the trainer's "training finished" marker: the run ends there, not after Ray's teardown
+        self.finished_marker = os.path.abspath(self.metrics_path.replace("metrics-", "finished-").replace(".jsonl", ""))
+        env[FINISHED_ENV] = self.finished_marker
         if say:
             say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {self.log_path}")
         self.start_time = time.monotonic()
@@ -448,10 +453,16 @@ class RunningTrainer:
             self.gate_reached_s = self.elapsed()
         if rc is None and self.cfg.timeout_s is not None and self.elapsed() > self.cfg.timeout_s:
             self.timed_out = True
-        if rc is not None or self.timed_out:
+        if rc is not None or self.timed_out or self.finished:
             self.ended_s = self.elapsed()
             return True
         return False
+
+    @property
+    def finished(self) -> bool:
+        """The trainer marked its training finished (finish_marker.py): what follows is its teardown,
+        which :meth:`close` cuts short."""
+        return os.path.exists(self.finished_marker)
 
     @property
     def at_gate(self) -> bool:
@@ -494,7 +505,8 @@ class RunningTrainer:
         """End the trainer if it still runs, and clean up everything it started (idempotent)."""
         self.thaw()  # a stopped process would hold SIGTERM until continued
         if self.proc.poll() is None:
-            _kill_tree(self.proc)
+            # a finished run is only tearing down: nothing left to save, so no grace period
+            _kill_tree(self.proc, grace_s=0 if self.finished else 10)
         self._pump_thread.join(timeout=10)
         if not self._log.closed:
             self._log.close()
@@ -509,6 +521,8 @@ class RunningTrainer:
     def result(self) -> RunResult:
         cfg = self.cfg
         rc = self.proc.returncode if not self.timed_out else -9
+        if self.finished and not self.timed_out:
+            rc = 0  # training finished; the processes were ended during their teardown (close)
         if rc is None:
             rc = -9
         wall = self.ended_s if self.ended_s is not None else self.elapsed()
