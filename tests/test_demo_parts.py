@@ -148,9 +148,8 @@ def test_a_run_that_marked_its_training_finished_is_ended_without_waiting_out_it
     finally:
         lane.close()
     assert result.ok and result.series("timing_s/step") == [(1, 0.5)]
-    assert waited < 60  # not the 120 s teardown
-    assert lane.proc.wait(timeout=5) == -9  # ended by the launcher, at once (no SIGTERM grace)...
-    busy.wait(timeout=5)  # ... with everything it started
+    assert waited < 60  # ended by the launcher during its 120 s teardown...
+    assert not psutil.pid_exists(lane.proc.pid) and not psutil.pid_exists(busy.pid)  # ... with all it started, reaped
 
 
 def test_a_run_that_fails_before_marking_its_training_finished_is_still_a_failure(tmp_path, monkeypatch):

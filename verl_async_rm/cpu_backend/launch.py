@@ -350,6 +350,9 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 10) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+    # gone (and reaped: psutil waits on its children) before the caller goes on: the next run the
+    # demo lets train must not share the cores with this one's exit
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _signal_run(proc: subprocess.Popen, ray_tmp_dir: str, sig: int) -> None:
