@@ -291,7 +291,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
               progress: bool, parallel_startups: int, poll_s: float = 0.2,
               extra_overrides: list[str] = ()) -> dict[str, ModeResult]:
     """Start up to ``parallel_startups`` runs together; once all of them wait at their start gates,
-    let them train one at a time, in ``modes`` order, each after the previous one has exited."""
+    let them train one at a time, in ``modes`` order, each after the previous one has ended (its processes gone)."""
     results: dict[str, ModeResult] = {}
     for first in range(0, len(modes), parallel_startups):
         group = modes[first:first + parallel_startups]
@@ -323,7 +323,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
                                     "train_s": round(lane.ended_s - lane.gate_opened_s, 2),
                                     "loop_s": round(mode_result.loop_time, 2),
                                     "rss_at_gate_mb": round(rss_mb[mode]),
-                                    # Unix times: the loop passed the gate; the trainer had exited
+                                    # Unix times: the loop passed the gate; the trainer had ended (its processes gone)
                                     "loop_started_at": loop_start, "ended_at": time.time()}
                 results[mode] = mode_result
         finally:
