@@ -231,3 +231,15 @@ def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     results = demo.results_from_report(json.loads((tmp_path / "demo.json").read_text()))
     assert results["baseline"].judge_calls == [(0.3, 0.9), (0.35, 1.6)] and results["both"].judge_calls == []
+
+
+@pytest.mark.parametrize("total_gb, available_gb, runs, expected", [
+    (24, 22, 5, 5),  # this project's machines: all five demo lanes start together (2.55 GB each measured)
+    (16, 14, 5, 3),
+    (8, 6, 5, 1),    # too little for two: one at a time, never zero
+    (64, 60, 5, 5),  # never more than there are runs
+])
+def test_parallel_startups_follow_the_free_memory(monkeypatch, total_gb, available_gb, runs, expected):
+    gib = 2**30
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=total_gb * gib, available=available_gb * gib))
+    assert demo.default_parallel_startups(runs) == expected
