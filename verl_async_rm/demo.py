@@ -252,10 +252,10 @@ def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, 
     return summarize(mode, result)
 
 
-# One CPU run's processes (Ray's daemons, the trainer and ~6 workers), with margin: measured as the
-# drop in MemAvailable with four and with five demo lanes at their gates, 2.55 GB a lane (their RSS
-# sums read 4.1-4.6 GB: each process counts the shared torch/verl libraries again).
-RUN_MEMORY_GB = 3.0
+# One CPU run's processes (Ray's daemons, the trainer and ~6 workers), GiB, with ~20% margin: measured
+# as the drop in MemAvailable with four and with five demo lanes at their gates, 2.9 GiB a lane (their
+# RSS sums read 4.1-4.6 GB: each process counts the shared torch/verl libraries again).
+RUN_MEMORY_GB = 3.5
 MEMORY_HEADROOM = 0.15  # of total memory left free: Ray's memory monitor kills workers above 95% use
 
 
