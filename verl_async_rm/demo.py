@@ -253,8 +253,9 @@ def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, 
 
 
 # One CPU run's processes (Ray's daemons, the trainer and ~6 workers), GiB, with ~20% margin: measured
-# as the drop in MemAvailable with four and with five demo lanes at their gates, 2.9 GiB a lane (their
-# RSS sums read 4.1-4.6 GB: each process counts the shared torch/verl libraries again).
+# as the drop in available memory with four and with five demo lanes at their gates, 2.9 GiB a lane
+# (``memory_per_run_at_gate_gib`` in demo.json; their RSS sums read 4.1-4.6 GB: each process counts
+# the shared torch/verl libraries again).
 RUN_MEMORY_GB = 3.5
 MEMORY_HEADROOM = 0.15  # of total memory left free: Ray's memory monitor kills workers above 95% use
 
@@ -266,6 +267,12 @@ def default_parallel_startups(n_runs: int) -> int:
     memory = psutil.virtual_memory()
     spare_gb = (memory.available - MEMORY_HEADROOM * memory.total) / 2**30
     return max(1, min(n_runs, int(spare_gb / RUN_MEMORY_GB)))
+
+
+def _available_gib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -299,6 +306,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
     for first in range(0, len(modes), parallel_startups):
         group = modes[first:first + parallel_startups]
         lanes: dict[str, RunningTrainer] = {}
+        available_before = _available_gib()
         try:
             for mode in group:
                 cfg = lane_config(out / mode, assets, mode, steps, seed, judge, trainer, start_gate=True,
@@ -307,6 +315,9 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
             print(f"starting {', '.join(group)} together (Ray, workers, validation)...", flush=True)
             park_at_gates(list(lanes.values()), poll_s)
             rss_mb = {mode: tree_rss_mb(lane.proc.pid) for mode, lane in lanes.items()}
+            # what a run really takes (RUN_MEMORY_GB is counted from it): RSS sums count the shared
+            # torch/verl libraries once per process, the drop in available memory does not
+            memory_per_run_gib = (available_before - _available_gib()) / len(group)
             for mode, lane in lanes.items():
                 if lane.ended_s is not None:
                     lane.close()
@@ -326,6 +337,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
                                     "train_s": round(lane.ended_s - lane.gate_opened_s, 2),
                                     "loop_s": round(mode_result.loop_time, 2),
                                     "rss_at_gate_mb": round(rss_mb[mode]),
+                                    "memory_per_run_at_gate_gib": round(memory_per_run_gib, 2),
                                     # Unix times: the loop passed the gate; the trainer had ended (its processes gone)
                                     "loop_started_at": loop_start, "ended_at": time.time()}
                 results[mode] = mode_result

@@ -27,6 +27,7 @@ def test_demo_runs_and_reports(tmp_path):
     # The measured loops never shared the cores: each began after the previous run had exited.
     walls = [report["runs"][m]["wall"] for m in ("zero_latency", "baseline", "both")]
     assert all(w["startup_s"] > 0 and w["train_s"] >= w["loop_s"] > 0 for w in walls)
+    assert all(w["memory_per_run_at_gate_gib"] > 0.5 for w in walls)  # six verl processes and Ray's, each
     assert all(later["loop_started_at"] >= earlier["ended_at"] for earlier, later in zip(walls, walls[1:]))
     # The judge's calls during each loop were logged (what the timeline draws as rewards in flight),
     # placed on the loop's clock: none before it began, none long after its last step.
