@@ -237,8 +237,9 @@ SLOW = 0.5  # s: a group still being scored when training starts
 
 def test_mini_batches_scored_already_share_one_update_call_in_completion_order():
     """Six groups scored when training starts, two still out: the three mini-batches in hand go as one
-    call (load on it), the last as another (LR step and offload on it); advantages stay per
-    mini-batch, every row is trained once, in the order of the separate calls."""
+    call (load on it), the last as another (LR step and offload on it), each after one scores write
+    and one advantage call over exactly its groups; every row is trained once, in the order of the
+    separate calls."""
     slow = {3, 6}
     ops, metrics, group_of_row, order, plan = run_step(
         "completion", delays={g: SLOW if g in slow else 0.0 for g in range(PROMPTS)}, merge=True,
@@ -250,7 +251,11 @@ def test_mini_batches_scored_already_share_one_update_call_in_completion_order()
     assert [u[3] for u in updates] == [False, True]  # the LR steps once, on the last call
     assert metrics["async_reward/update_calls"] == 2 and metrics["async_reward/pipelined"] == 1.0
     assert metrics["async_reward/actor_loads"] == 1 and metrics["async_reward/actor_offloads"] == 1
-    assert len([e for e in ops.events if e[0] == "adv"]) == PROMPTS // MINI
+    # one write and one advantage call per update call, over exactly the rows that call trains
+    kinds = [e[0] for e in ops.events if e[0] in ("attach", "adv", "update")]
+    assert kinds == ["attach", "adv", "update"] * 2
+    for kind in ("attach", "adv"):
+        assert [sorted(e[1]) for e in ops.events if e[0] == kind] == [sorted(u[4]) for u in updates]
     assert sorted(r for u in updates for r in u[4]) == list(range(PROMPTS * N))
 
 

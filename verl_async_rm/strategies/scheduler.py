@@ -12,8 +12,9 @@ step functions; the control flow lives here once:
   complete (whole groups, each once), then the worker updates that mini-batch unlocks
   (``plan.schedule_updates``: epoch 1 piece by piece, the critic on whole critic mini-batches,
   epochs 2..E over the whole batch as verl runs them). Mini-batches found scored already when the
-  one before them is ready share that one's update call (``plan.merge_update_calls``: the same
-  optimizer steps, one call's fixed cost). The KL controller moves once per step.
+  one before them is ready share that one's scores write, advantage call and update call
+  (``plan.merge_update_calls``: the same optimizer steps, one call's fixed cost). The KL
+  controller moves once per step.
 
 Without the pipeline, or for a batch whose groups have several sizes (v1), the step takes every
 reward and runs verl's one whole-batch update: exactly the stock step.
@@ -186,10 +187,13 @@ class StepScheduler:
                 rows_of_group.setdefault(group_of_row[row], []).append(row)
         merger = MetricMerger()
         metrics: dict = {}
-        advantaged: set = set()
+        taken: set = set()  # groups whose scores a mini-batch has taken
         masked: set = set()
         pieces: list[list] = []
-        held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken, not yet trained
+        held = ScoredRows.empty(self.rewards.fixed_keys)  # index order: groups taken off the tickets, not yet a mini-batch's
+        # mini-batches taken but not yet attached: merged ones (below) share one scores write, one
+        # advantage call and one update call
+        unattached = ScoredRows.empty(self.rewards.fixed_keys)
         merge = pipelined and self.plan.merge_ready
         ready_next = None  # (scored, piece): the next mini-batch, found scored already (merge)
         deferred: list[UpdateCall] = []  # calls held back to share one call with the next mini-batch's
@@ -204,26 +208,30 @@ class StepScheduler:
                     scored = self.rewards.take(pending, plan.samples_per_mini_batch)
                     piece = list(scored.rows)
                 else:
-                    scored, piece, held = self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
-            ops.attach(batch, scored)
-            masked |= self._mask(ops, batch, scored, pending, metrics)
-            fresh = [g for g in scored.groups if g not in advantaged]
-            advantaged.update(fresh)
-            with self.timer("adv", timing_raw, color="brown"):
-                rows = None if piece is None else [row for g in fresh for row in rows_of_group[g]]
-                if masked:  # advantages of the usable rows alone: group statistics without the masked ones
-                    rows = [row for row in (order if rows is None else rows) if row not in masked]
-                metrics.update(ops.advantages(batch, rows, kl))
+                    scored, piece, held = self._take_index_piece(pending, plan, part, order, group_of_row, held, taken)
+            taken.update(scored.groups)
+            unattached.extend(scored)
             pieces.append(piece)
             deferred += schedule.after_piece(part)
             if merge and part + 1 < plan.mini_batches:
                 # The next mini-batch scored already: nothing to overlap between the two, so their
-                # updates go as one call (plan.merge_update_calls); its scores are attached first.
-                found = self._ready_piece(pending, plan, part + 1, order, group_of_row, held, advantaged)
+                # updates go as one call (plan.merge_update_calls), after one scores write and one
+                # advantage call for both (each such call has a fixed cost: a TransferQueue round
+                # trip on v1; advantages are per group, so the split does not change them).
+                found = self._ready_piece(pending, plan, part + 1, order, group_of_row, held, taken)
                 if found is not None:
                     scored_next, piece_next, held = found
                     ready_next = (scored_next, piece_next)
                     continue
+            with self.timer("reward_attach", timing_raw, color="yellow"):
+                ops.attach(batch, unattached)
+                masked |= self._mask(ops, batch, unattached, pending, metrics)
+            with self.timer("adv", timing_raw, color="brown"):
+                rows = None if piece is None else [row for g in unattached.groups for row in rows_of_group[g]]
+                if masked:  # advantages of the usable rows alone: group statistics without the masked ones
+                    rows = [row for row in (order if rows is None else rows) if row not in masked]
+                metrics.update(ops.advantages(batch, rows, kl))
+            unattached = ScoredRows.empty(self.rewards.fixed_keys)
             for call in (merge_update_calls(deferred) if merge and deferred else deferred):
                 call_rows = None if not pipelined else [row for p in call.pieces for row in pieces[p]]
                 self._update(ops, batch, call, call_rows, merger, timing_raw)
@@ -256,34 +264,34 @@ class StepScheduler:
             ops.mask(batch, list(decision.masked_rows))
         return set(decision.masked_rows)
 
-    def _ready_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
+    def _ready_piece(self, pending, plan, part, order, group_of_row, held, taken):
         """Mini-batch ``part`` if every group it needs is scored already, without waiting: (its
         scores, its rows, the groups held for later), or None (groups scored meanwhile stay held)."""
         if self.strategy.mini_batch_order == "completion":
             scored = self.rewards.take_ready(pending, plan.samples_per_mini_batch)
             return None if scored is None else (scored, list(scored.rows), held)
         size = plan.samples_per_mini_batch
-        needed = {group_of_row[row] for row in order[part * size : (part + 1) * size]} - advantaged
+        needed = {group_of_row[row] for row in order[part * size : (part + 1) * size]} - taken
         while not needed <= set(held.groups):
-            taken = self.rewards.take_group(pending, timeout=0)
-            if taken is None:
+            group = self.rewards.take_group(pending, timeout=0)
+            if group is None:
                 return None
-            held.extend(taken)
-        return self._take_index_piece(pending, plan, part, order, group_of_row, held, advantaged)
+            held.extend(group)
+        return self._take_index_piece(pending, plan, part, order, group_of_row, held, taken)
 
-    def _take_index_piece(self, pending, plan, part, order, group_of_row, held, advantaged):
+    def _take_index_piece(self, pending, plan, part, order, group_of_row, held, taken):
         """verl's own mini-batch ``part``: rows [part*size, (part+1)*size) of the batch order. Takes
         groups one at a time (they finish in any order) until every group the rows touch is scored;
         returns (the newly needed groups' scores, the piece's rows, the groups held for later)."""
         size = plan.samples_per_mini_batch
         piece = order[part * size : (part + 1) * size]
         needed = {group_of_row[row] for row in piece}
-        while not needed <= set(held.groups) | advantaged:
-            taken = self.rewards.take(pending, pending.group_size)
-            if not taken.rows:
+        while not needed <= set(held.groups) | taken:
+            group = self.rewards.take(pending, pending.group_size)
+            if not group.rows:
                 raise RuntimeError(f"the rewards ran out before groups {sorted(map(str, needed))[:3]} of mini-batch {part}")
-            held.extend(taken)
-        scored, held = held.split(needed - advantaged)
+            held.extend(group)
+        scored, held = held.split(needed - taken)
         return scored, piece, held
 
     def _update(self, ops: TrainerOps, batch, call: UpdateCall, rows, merger: MetricMerger, timing_raw: dict) -> None:

@@ -472,7 +472,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         # verl's whole-batch advantage call did not run (advantages came in pieces, or rows were
         # masked): its rollout-correction statistics are computed here, once, over the usable rows
         if not any(key.startswith(CORRECTION_PREFIX) for key in metrics):
-            metrics.update(self._correction_metrics(batch, without=ops.masked_rows))
+            with marked_timer("rollout_corr_metrics", timing_raw, color="brown"):
+                metrics.update(self._correction_metrics(batch, without=ops.masked_rows))
         return batch
 
     def _correction_metrics(self, batch: KVBatchMeta, without: set) -> dict:
