@@ -1,0 +1,65 @@
+"""Where a mode's unhidden reward time goes, step by step, from an e2e benchmark's run folders.
+
+For one trainer, mode and latency regime, pairs each seed's run with the same mode's run under the
+instant judge (``zero``) and prints, per training step, the median over seeds of the difference of
+each ``timing_s/*`` timer (``reward_wait``, ``adv``, ``reward_attach``, ``update_actor``, ...), plus
+its sum over the run. What the README's tail_1x breakdown quotes:
+
+    python bench/e2e.py --trainers v1 --steps 10 --seeds 0,1,2 --regimes tail_1x --strategies both \\
+        --failure-modes "" --compute v1=1.075 --out /tmp/diag.json
+    python bench/step_costs.py /tmp/diag_runs --trainer v1 --mode both --regime tail_1x --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+
+def latest_run(work: Path, trainer: str, seed: int, regime: str, mode: str) -> Path:
+    """The newest run folder of this cell (folders end in the run key's 10-hex digest, so `both` does
+    not match `both_serial`)."""
+    pattern = re.compile(rf"{trainer}_steps\d+_seed{seed}_{re.escape(regime)}_{re.escape(mode)}_[0-9a-f]{{10}}")
+    runs = [d for d in work.iterdir() if pattern.fullmatch(d.name) and (d / "metrics-0.jsonl").exists()]
+    if not runs:
+        raise SystemExit(f"no run of {trainer} seed {seed} {regime} {mode} in {work}")
+    return max(runs, key=lambda d: (d / "metrics-0.jsonl").stat().st_mtime)
+
+
+def step_metrics(run: Path) -> list[dict]:
+    """Each training step's metrics (step 0, the validation before training, left out)."""
+    rows = [json.loads(line) for line in (run / "metrics-0.jsonl").read_text().splitlines() if line.strip()]
+    return [row["data"] for row in rows if row["step"] > 0]
+
+
+def paired_costs(work: Path, trainer: str, mode: str, regime: str, seeds: list[int]) -> dict[str, list[float]]:
+    """timer -> per step, the median over seeds of (this regime's value - the instant judge's)."""
+    slow = [step_metrics(latest_run(work, trainer, s, regime, mode)) for s in seeds]
+    fast = [step_metrics(latest_run(work, trainer, s, "zero", mode)) for s in seeds]
+    steps = min(len(run) for run in slow + fast)
+    timers = sorted({k for run in slow for step in run for k in step if k.startswith("timing_s/")})
+    return {
+        timer: [statistics.median(s[i].get(timer, 0.0) - f[i].get(timer, 0.0) for s, f in zip(slow, fast))
+                for i in range(steps)]
+        for timer in timers
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work", type=Path, help="the benchmark's run folders (<out>_runs/)")
+    parser.add_argument("--trainer", default="v1")
+    parser.add_argument("--mode", default="both")
+    parser.add_argument("--regime", default="tail_1x")
+    parser.add_argument("--seeds", default="0,1,2")
+    args = parser.parse_args()
+    costs = paired_costs(args.work, args.trainer, args.mode, args.regime, [int(s) for s in args.seeds.split(",")])
+    for timer, per_step in costs.items():
+        print(f"{timer:32s} sum {sum(per_step):+.3f} s   per step {[round(x, 3) for x in per_step]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""bench/step_costs.py on synthetic run folders: the right runs are paired, per step, per timer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.step_costs import paired_costs
+
+pytestmark = pytest.mark.quick
+
+
+def write_run(work, name, waits):
+    run = work / name
+    run.mkdir()
+    rows = [{"step": 0, "data": {"val-core/x": 1.0}}]
+    rows += [{"step": i + 1, "data": {"timing_s/reward_wait": w, "timing_s/adv": 0.02}} for i, w in enumerate(waits)]
+    (run / "metrics-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_costs_pair_each_seed_with_the_same_modes_instant_run(tmp_path):
+    for seed, extra in ((0, 0.1), (1, 0.3), (2, 0.2)):
+        write_run(tmp_path, f"v1_steps2_seed{seed}_tail_1x_both_{'a' * 10}", [extra, 2 * extra])
+        write_run(tmp_path, f"v1_steps2_seed{seed}_zero_both_{'b' * 10}", [0.0, 0.0])
+        # another mode whose name starts alike must not be picked up
+        write_run(tmp_path, f"v1_steps2_seed{seed}_tail_1x_both_serial_{'c' * 10}", [9.0, 9.0])
+    costs = paired_costs(tmp_path, "v1", "both", "tail_1x", [0, 1, 2])
+    assert costs["timing_s/reward_wait"] == pytest.approx([0.2, 0.4])  # medians over seeds, per step
+    assert costs["timing_s/adv"] == pytest.approx([0.0, 0.0])
