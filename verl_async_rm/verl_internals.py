@@ -64,6 +64,8 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     (V1_TRAINER, "PPOTrainer._compute_ref_log_prob", ("self", "batch", "metrics"), "v1.py"),
     (V1_TRAINER, "PPOTrainer._compute_values", ("self", "batch", "metrics"), "v1.py"),
     (V1_TRAINER, "PPOTrainer._compute_advantage", ("self", "batch", "metrics"), "v1.py, per mini-batch"),
+    (V1_TRAINER, "tq", None, "v1_scores_io.py: the module global _compute_advantage reads and writes through, "
+                             "replaced for one call (its scores read served, its write carrying them)"),
     (V1_TRAINER, "PPOTrainer._update_actor", ("self", "batch", "metrics"), "v1.py, per update call"),
     (V1_TRAINER, "PPOTrainer._update_critic", ("self", "batch", "metrics"), "v1.py, per update call"),
     (V1_TRAINER, "PPOTrainer._compute_reward_colocate", ("self", "batch", "metrics"), "v1.py overrides it (validation)"),

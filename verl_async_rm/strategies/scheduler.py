@@ -90,7 +90,8 @@ class TrainerOps(Protocol):
 
     def pipelineable(self, batch, pending: PendingRewards) -> bool: ...
 
-    def attach(self, batch, scored: ScoredRows) -> None: ...
+    def attach(self, batch, scored: ScoredRows) -> None:
+        """These rows' scores: in the batch by the advantage call over them (v1 writes them with it)."""
 
     def mask(self, batch, rows: list) -> None:
         """failure_policy=mask: these rows train on nothing (zero loss mask, zero advantages/returns)."""

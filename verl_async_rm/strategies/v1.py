@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import ray
 import torch
@@ -58,6 +58,7 @@ from verl_async_rm.strategies.plan import (
 )
 from verl_async_rm.strategies.pool import auto_staleness_bound, short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
+from verl_async_rm.strategies.v1_scores_io import advantage_call_with_scores, fields_of, score_rows
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
 from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
 from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
@@ -101,6 +102,8 @@ class V1Ops:
         self.trainer = trainer
         self.expected_rows = expected_rows
         self.masked_rows: set = set()
+        self.unwritten: dict = {}  # row -> score: attached, not yet in TransferQueue (attach)
+        self.reads: list[tuple[list, TensorDict]] = []  # (rows, what verl's advantage call read for them)
 
     def _piece(self, batch: KVBatchMeta, rows: Optional[list], extra: Optional[dict] = None) -> KVBatchMeta:
         keys = batch.keys if rows is None else rows
@@ -116,33 +119,60 @@ class V1Ops:
         return pending.regular and not padding and len(batch) == self.expected_rows
 
     def attach(self, batch: KVBatchMeta, scored: ScoredRows) -> None:
-        """``rm_scores``: each row's score on its last response token, as verl's agent loop puts it."""
-        self.trainer._put_scores(batch, scored)
+        """``rm_scores``, each row's score on its last response token as verl's agent loop puts it:
+        held until the advantage call over these rows writes them with its output (v1_scores_io.py:
+        one TransferQueue write, not two); masked rows' go with their mask."""
+        self.unwritten.update(zip(scored.rows, scored.scores))
 
     def mask(self, batch: KVBatchMeta, rows: list) -> None:
         """failure_policy=mask: zero ``response_mask`` and ``loss_mask`` (verl's engine counts a
         mini-batch's tokens from the latter, its losses read the former), advantages and returns of
         these rows in TransferQueue; the other rows' advantages are computed without them."""
-        self.trainer._put_masked(batch.partition_id, rows)
+        self.trainer._put_masked(batch.partition_id, rows, {row: self.unwritten.pop(row) for row in rows if row in self.unwritten})
         self.masked_rows.update(rows)
 
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
         trainer = self.trainer
         metrics: dict = {}
+        piece = self._piece(batch, rows)
         if rows is not None and not rows:
+            self._write_unwritten(batch)
             return metrics  # every group of this mini-batch got its advantages with an earlier one
-        if kl is None:
-            trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
-        else:
+        scores = {key: self.unwritten[key] for key in piece.keys if key in self.unwritten}
+        if len(scores) < len(piece.keys):
+            # rows scored before (verl's replay-buffer padding carries zero scores of its own): the
+            # scores in hand go first, verl's call reads every row's from TransferQueue
+            self._write_unwritten(batch)
+            scores = {}
+
+        def compute() -> None:
+            if kl is None:
+                trainer._compute_advantage(piece, metrics=metrics)
+                return
             controller, trainer.kl_ctrl_in_reward = trainer.kl_ctrl_in_reward, kl  # one beta per step; see kl.py
             try:
-                trainer._compute_advantage(self._piece(batch, rows), metrics=metrics)
+                trainer._compute_advantage(piece, metrics=metrics)
             finally:
                 trainer.kl_ctrl_in_reward = controller
+
+        if scores:
+            read = advantage_call_with_scores(compute, scores, trainer._staleness_field())
+            self.reads.append((list(piece.keys), read))
+            for key in piece.keys:
+                del self.unwritten[key]
+        else:
+            compute()
+        self._write_unwritten(batch)  # none left in practice: every scored row is in a call or masked
         # the KL statistics come from kl.flush; rollout-correction statistics are the whole batch's:
         # verl's own when this call is the whole batch, else AsyncRewardTrainer._correction_metrics
         return {k: v for k, v in metrics.items()
                 if not (rows is not None and k.startswith(CORRECTION_PREFIX)) and k not in KL_METRICS}
+
+    def _write_unwritten(self, batch: KVBatchMeta) -> None:
+        if self.unwritten:
+            rows = list(self.unwritten)
+            self.trainer._put_scores(batch, ScoredRows(rows, [self.unwritten[r] for r in rows], {}, [None] * len(rows)))
+            self.unwritten.clear()
 
     def update(self, batch: KVBatchMeta, call: UpdateCall, rows: Optional[list]) -> dict:
         piece = self._piece(batch, rows, update_flags(call))
@@ -261,15 +291,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         if any(length is None for length in lengths):
             lengths = tq.kv_batch_get(keys=scored.rows, partition_id=partition_id,
                                       select_fields=["responses"])["responses"].offsets().diff().tolist()
-        rows = []
-        for length, score in zip(lengths, scored.scores):
-            row = torch.zeros(length, dtype=torch.float32)
-            if length:
-                row[-1] = score  # the score on the last response token, as verl's agent loop puts it
-            rows.append(row)
-        fields = {"rm_scores": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}
-        if self._staleness_of_row:
-            fields[STALENESS_FIELD] = torch.tensor([self._staleness_of_row[row] for row in scored.rows], dtype=torch.int64)
+        fields = {"rm_scores": score_rows(lengths, scored.scores), **{
+            name: build(list(scored.rows)) for name, build in self._staleness_field().items()}}
         if with_extra_info:
             # verl's v1 validation reads reward extra info only from extra_fields["reward_extra_info"]
             current = tu.get(tq.kv_batch_get(keys=scored.rows, partition_id=partition_id, select_fields=["extra_fields"]), "extra_fields")
@@ -279,7 +302,16 @@ class AsyncRewardTrainer(PPOTrainerSync):
             ]
         tq.kv_batch_put(keys=scored.rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
-    def _put_masked(self, partition_id: str, rows: list) -> None:
+    def _staleness_field(self) -> dict:
+        """The rows' staleness column, written with their scores (name -> rows -> tensor), when the
+        step recorded it."""
+        if not self._staleness_of_row:
+            return {}
+        return {STALENESS_FIELD: lambda rows: torch.tensor([self._staleness_of_row[row] for row in rows], dtype=torch.int64)}
+
+    def _put_masked(self, partition_id: str, rows: list, scores: dict) -> None:
+        """Masked rows: zero masks, advantages and returns, with their scores (``scores``: row ->
+        score, the ones not written yet) in the same write."""
         masks = tq.kv_batch_get(keys=rows, partition_id=partition_id, select_fields=["response_mask", "loss_mask"])
         zeros = [torch.zeros_like(mask) for mask in masks["response_mask"].unbind()]
         fields = {
@@ -288,6 +320,13 @@ class AsyncRewardTrainer(PPOTrainerSync):
         }
         for name in ("advantages", "returns"):
             fields[name] = torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged)
+        if scores:
+            if set(scores) != set(rows):  # one write for all of them or none: the scores go on their own
+                self._put_scores(KVBatchMeta(partition_id=partition_id, keys=list(scores), tags=[{}] * len(scores)),
+                                 ScoredRows(list(scores), list(scores.values()), {}, [None] * len(scores)))
+            else:
+                fields["rm_scores"] = score_rows([len(z) for z in zeros], [scores[row] for row in rows])
+                fields.update({name: build(rows) for name, build in self._staleness_field().items()})
         tq.kv_batch_put(keys=rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
@@ -473,15 +512,17 @@ class AsyncRewardTrainer(PPOTrainerSync):
         # masked): its rollout-correction statistics are computed here, once, over the usable rows
         if not any(key.startswith(CORRECTION_PREFIX) for key in metrics):
             with marked_timer("rollout_corr_metrics", timing_raw, color="brown"):
-                metrics.update(self._correction_metrics(batch, without=ops.masked_rows))
+                metrics.update(self._correction_metrics(batch, without=ops.masked_rows, reads=ops.reads))
         return batch
 
-    def _correction_metrics(self, batch: KVBatchMeta, without: set) -> dict:
+    def _correction_metrics(self, batch: KVBatchMeta, without: set, reads: Sequence[tuple[list, TensorDict]] = ()) -> dict:
         """Rollout-correction statistics of the whole batch, as verl's whole-batch advantage call
         gives them, when the advantages came in pieces (their per-piece statistics are dropped) or
         without the masked rows (``without``: verl's call then covers the usable rows alone). The
         weights and rejections themselves are per token/sequence, so each mini-batch's equal the
-        whole batch's (batch normalisation is refused at start)."""
+        whole batch's (batch normalisation is refused at start). The rows' fields come from what the
+        pieces' advantage calls read (``reads``: v1_scores_io.py) when those cover them, else from
+        TransferQueue."""
         correction = self.config.algorithm.get("rollout_correction", None)
         if correction is None or correction.get("bypass_mode", False) or not self.config.actor_rollout_ref.rollout.calculate_log_probs:
             return {}
@@ -491,7 +532,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
         if not keys:
             return {}
         fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+        data = fields_of(keys, fields, reads)
+        if data is None:
+            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
         probe = DataProto(batch=data.to_padded_tensor())
         _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
         return metrics
