@@ -73,6 +73,7 @@ MODE = V1_MODE
 STALENESS_FIELD = "async_rm_staleness"  # per sample: trainer step - 1 - the step of the weights that generated it
 POOL_STATE_FILE = "async_rm_pool.json"  # in the checkpoint folder: prompts of regenerated batches already trained
 CORRECTION_PREFIX = "rollout_corr/"
+CORRECTION_FIELDS = ("old_log_probs", "rollout_log_probs", "response_mask")  # what the correction statistics read
 KL_METRICS = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
 
 
@@ -103,7 +104,7 @@ class V1Ops:
         self.expected_rows = expected_rows
         self.masked_rows: set = set()
         self.unwritten: dict = {}  # row -> score: attached, not yet in TransferQueue (attach)
-        self.reads: list[tuple[list, TensorDict]] = []  # (rows, what verl's advantage call read for them)
+        self.reads: list[tuple[list, TensorDict]] = []  # (rows, CORRECTION_FIELDS verl's advantage call read for them)
 
     def _piece(self, batch: KVBatchMeta, rows: Optional[list], extra: Optional[dict] = None) -> KVBatchMeta:
         keys = batch.keys if rows is None else rows
@@ -157,7 +158,11 @@ class V1Ops:
 
         if scores:
             read = advantage_call_with_scores(compute, scores, trainer._staleness_field())
-            self.reads.append((list(piece.keys), read))
+            if rows is not None and all(name in read.keys() for name in CORRECTION_FIELDS):
+                # kept for the batch's correction statistics (a piece's are dropped): these fields alone,
+                # not the whole read, so the driver holds no more of the batch than it must
+                self.reads.append((list(piece.keys), TensorDict({name: read[name] for name in CORRECTION_FIELDS},
+                                                                batch_size=len(piece.keys))))
             for key in piece.keys:
                 del self.unwritten[key]
         else:
@@ -531,10 +536,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
         keys = [key for key in batch.keys if key not in without]
         if not keys:
             return {}
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
-        data = fields_of(keys, fields, reads)
+        data = fields_of(keys, CORRECTION_FIELDS, reads)
         if data is None:
-            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
+            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=list(CORRECTION_FIELDS))
         probe = DataProto(batch=data.to_padded_tensor())
         _, metrics = compute_rollout_correction_and_add_to_batch(probe, correction)
         return metrics
