@@ -157,7 +157,7 @@ def train_together(jobs: list[tuple[Path, str, str]], assets: dict, at_once: int
     """``train`` for each (out_dir, trainer, mode), ``at_once`` trainers alive at a time; results in
     job order. Why: a run spends most of its minute starting up (Ray, a dozen worker processes
     importing verl), which leaves a core idle; two at once fill it (the shared fixture: 599 s one at
-    a time, 388 s two at a time, 387 s three at a time on 2 cores). A failed run fails the fixture
+    a time, 388-417 s two at a time, 387 s three at a time on 2 cores). A failed run fails the fixture
     as ``train`` would; every run started is closed, whatever happens."""
     waiting = list(enumerate(jobs))
     alive: dict[int, Any] = {}
@@ -167,16 +167,16 @@ def train_together(jobs: list[tuple[Path, str, str]], assets: dict, at_once: int
             while waiting and len(alive) < at_once:
                 index, (out_dir, trainer, mode) = waiting.pop(0)
                 alive[index] = start(run_config(out_dir, assets, trainer, mode), progress=False)
-            for index in [i for i, trainer in alive.items() if trainer.poll()]:
-                trainer = alive.pop(index)
-                trainer.close()
-                results[index] = trainer.result()
+            for index in [i for i, running in alive.items() if running.poll()]:
+                running = alive.pop(index)
+                running.close()
+                results[index] = running.result()
                 out_dir = jobs[index][0]
                 assert results[index].ok, f"training failed (rc {results[index].returncode}); log in {out_dir}"
             time.sleep(0.5)
     finally:
-        for trainer in alive.values():
-            trainer.close()
+        for running in alive.values():
+            running.close()
     return [results[i] for i in range(len(jobs))]
 
 

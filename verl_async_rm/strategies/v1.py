@@ -129,7 +129,8 @@ class V1Ops:
         """failure_policy=mask: zero ``response_mask`` and ``loss_mask`` (verl's engine counts a
         mini-batch's tokens from the latter, its losses read the former), advantages and returns of
         these rows in TransferQueue; the other rows' advantages are computed without them."""
-        self.trainer._put_masked(batch.partition_id, rows, {row: self.unwritten.pop(row) for row in rows if row in self.unwritten})
+        # the mask is decided on the rows just attached, so every masked row's score is in hand
+        self.trainer._put_masked(batch.partition_id, rows, {row: self.unwritten.pop(row) for row in rows})
         self.masked_rows.update(rows)
 
     def advantages(self, batch: KVBatchMeta, rows: Optional[list], kl: Optional[DeferredKL]) -> dict:
@@ -316,7 +317,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     def _put_masked(self, partition_id: str, rows: list, scores: dict) -> None:
         """Masked rows: zero masks, advantages and returns, with their scores (``scores``: row ->
-        score, the ones not written yet) in the same write."""
+        score) and staleness in the same write."""
         masks = tq.kv_batch_get(keys=rows, partition_id=partition_id, select_fields=["response_mask", "loss_mask"])
         zeros = [torch.zeros_like(mask) for mask in masks["response_mask"].unbind()]
         fields = {
@@ -325,13 +326,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         }
         for name in ("advantages", "returns"):
             fields[name] = torch.nested.as_nested_tensor([z.float() for z in zeros], layout=torch.jagged)
-        if scores:
-            if set(scores) != set(rows):  # one write for all of them or none: the scores go on their own
-                self._put_scores(KVBatchMeta(partition_id=partition_id, keys=list(scores), tags=[{}] * len(scores)),
-                                 ScoredRows(list(scores), list(scores.values()), {}, [None] * len(scores)))
-            else:
-                fields["rm_scores"] = score_rows([len(z) for z in zeros], [scores[row] for row in rows])
-                fields.update({name: build(rows) for name, build in self._staleness_field().items()})
+        fields["rm_scores"] = score_rows([len(z) for z in zeros], [scores[row] for row in rows])
+        fields.update({name: build(rows) for name, build in self._staleness_field().items()})
         tq.kv_batch_put(keys=rows, partition_id=partition_id, fields=tu.get_tensordict(fields))
 
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
