@@ -671,26 +671,29 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
     for trainer in _ordered((row["trainer"] for row in timing + learning), ["v1", "v0"]):
         rows = {(row["regime"], row["mode"]): row for row in timing if row["trainer"] == trainer}
 
-        def hidden_goal(regime, mode, threshold, name):
+        def hidden_goal(regime, mode, threshold, name, variant=False):
             row = rows.get((regime, mode))
             figure = row and row["hidden_vs_same_mode_bound"]
-            out.append({"trainer": trainer, "goal": name, "threshold": threshold,
+            out.append({"trainer": trainer, "goal": name, "threshold": threshold, "variant": variant,
                         "figure": figure, "vs_stock_bound": row and row["hidden_vs_stock_bound"],
                         "middle_steps": row and row.get("hidden_vs_same_mode_bound_middle_steps"),
                         "pass": None if not figure else figure["median"] >= threshold})
 
         hidden_goal("tail_1x", "both", GOAL_BOTH_HIDDEN, f"both hides >= {GOAL_BOTH_HIDDEN:.0%} when the tail <= compute (tail_1x)")
-        hidden_goal("heavy_2.5x", "tail", GOAL_TAIL_HIDDEN,
-                    f"tail-tolerant mode hides >= {GOAL_TAIL_HIDDEN:.0%}, lognormal p99 = 2.5x compute (heavy_2.5x)")
-        if ("heavy_2.5x", "tail_drop") in rows:
-            hidden_goal("heavy_2.5x", "tail_drop", GOAL_TAIL_HIDDEN,
-                        f"tail-tolerant mode, on_stale=drop, hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
-        if ("heavy_2.5x", "tail_auto") in rows:
-            hidden_goal("heavy_2.5x", "tail_auto", GOAL_TAIL_HIDDEN,
-                        f"tail-tolerant mode, on_stale=wait, max_staleness=auto (from the deadline), hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
-        if ("heavy_2.5x", "tail_s6") in rows:
-            hidden_goal("heavy_2.5x", "tail_s6", GOAL_TAIL_HIDDEN,
-                        f"tail-tolerant mode, on_stale=wait, max_staleness=6 (past the 5C deadline), hides >= {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)")
+        # The heavy goal is judged on the configuration the README gives a judge with a deadline:
+        # max_staleness=auto (the bound follows ticket_deadline / step time). The other pool settings
+        # are variants, each judged against the same threshold on its own row when it was run, so a
+        # setting below it is shown, not hidden (e.g. `tail`: a bound shorter than the deadline waits
+        # for hung calls by construction).
+        hidden_goal("heavy_2.5x", "tail_auto", GOAL_TAIL_HIDDEN,
+                    f"tail-tolerant mode (max_staleness=auto, on_stale=wait) hides >= {GOAL_TAIL_HIDDEN:.0%}, "
+                    "lognormal p99 = 2.5x compute (heavy_2.5x)")
+        for mode, what in (("tail", "max_staleness=2 (shorter than the 5C deadline), on_stale=wait"),
+                           ("tail_drop", "max_staleness=2, on_stale=drop"),
+                           ("tail_s6", "max_staleness=6 (past the 5C deadline), on_stale=wait")):
+            if ("heavy_2.5x", mode) in rows:
+                hidden_goal("heavy_2.5x", mode, GOAL_TAIL_HIDDEN,
+                            f"variant `{mode}` ({what}) against the same {GOAL_TAIL_HIDDEN:.0%} (heavy_2.5x)", variant=True)
         # never slower than stock: in every regime (instant judge included), the median paired
         # reduction of every strategy is >= 0; the worst single seed is reported beside it
         slower = [(row["regime"], row["mode"], row["reduction_vs_baseline"]) for row in timing
@@ -816,6 +819,8 @@ def markdown(report: dict) -> str:
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
         verdict = {None: "not measured", True: "PASS", False: "**FAIL**"}[goal["pass"]]
+        if goal.get("variant") and goal["pass"] is not None:  # a variant meets or misses a threshold, not a goal
+            verdict = "meets it" if goal["pass"] else "**below it**"
         lines.append(f"| {goal['trainer']} | {goal['goal']} | {_goal_figure(goal)} | {verdict} |")
     return "\n".join(lines) + "\n"
 
@@ -843,6 +848,8 @@ def print_report(report: dict) -> None:
         print(f"NOT RUN ({len(report['missing_runs'])} of the plan): " + ", ".join(report["missing_runs"][:20]))
     for goal in report["goals"]:
         verdict = {None: "NOT MEASURED", True: "PASS", False: "FAIL"}[goal["pass"]]
+        if goal.get("variant") and goal["pass"] is not None:
+            verdict = "VARIANT " + ("meets it" if goal["pass"] else "below it")
         print(f"[{verdict}] {goal['trainer']}: {goal['goal']}: {_goal_figure(goal)}")
     if report.get("queue_bias"):
         print("harness check, loop time over its cell's median by place in the start-up queue: "
@@ -916,7 +923,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--v0-seeds", default="0,1", help="v0's seeds (fewer: v0 is verl's deprecated trainer)")
     parser.add_argument("--regimes", default="tail_1x,tail_2.5x,heavy_2.5x,fail20", help=f"of {[r for r in REGIMES if r != 'zero']}")
     parser.add_argument("--v0-regimes", default="tail_1x,heavy_2.5x", help="v0's regimes (fewer, to fit the time)")
-    parser.add_argument("--strategies", default="both,tail", help=f"strategy modes in the timing regimes, of {list(MODES)}")
+    parser.add_argument("--strategies", default="both,tail_auto", help=f"strategy modes in the timing regimes, of {list(MODES)}")
     parser.add_argument("--failure-modes", default="both_neutral,both_mask", help="modes of the failure regimes")
     parser.add_argument("--skip", default="", help="regime:mode cells left out of the plan (e.g. to finish a "
                         "partial benchmark's essential cells first; a later --cached-only report still shows them)")
@@ -959,7 +966,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return [m for m in modes if f"{m} on {trainer}" not in skipped]
 
     if args.quick:
-        cells = {"v1": [("zero", STOCK), ("heavy_2.5x", "tail" if usable(["tail"], "v1") else "both")]}
+        cells = {"v1": [("zero", STOCK), ("heavy_2.5x", "tail_auto" if usable(["tail_auto"], "v1") else "both")]}
     else:
         cells = {t: plan_cells(regimes_of[t], usable(strategies, t), usable(failure_modes, t)) for t in trainers}
     skip = {tuple(cell.split(":", 1)) for cell in _names(args.skip)}
