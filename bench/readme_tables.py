@@ -34,7 +34,8 @@ E2E_END = "<!-- /e2e tables -->"
 # Focused reruns of one goal's cells (each command is in its JSON and the README), each with its own
 # README block: name -> the JSON; its block lies between "<!-- e2e NAME tables: ... -->" and
 # "<!-- /e2e NAME tables -->".
-E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json"}
+E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json",
+               "zero": RESULTS / "e2e_zero.json"}
 
 
 def focused_markers(name: str) -> tuple[str, str]:
@@ -42,7 +43,7 @@ def focused_markers(name: str) -> tuple[str, str]:
 
 
 TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
-TIMELINE_MODES = (STOCK, "both", "tail", "tail_drop")
+TIMELINE_MODES = (STOCK, "both", "tail_auto", "tail", "tail_drop")
 
 
 def tables() -> dict[str, str]:

@@ -8,6 +8,14 @@ its sum over the run. What the README's tail_1x breakdown quotes:
     python bench/e2e.py --trainers v1 --steps 10 --seeds 0,1,2 --regimes tail_1x --strategies both \\
         --failure-modes "" --compute v1=1.075 --out /tmp/diag.json
     python bench/step_costs.py /tmp/diag_runs --trainer v1 --mode both --regime tail_1x --seeds 0,1,2
+
+With ``--metrics``, instead, each named trainer metric of each seed's run, unpaired: its values step
+by step, their sum over the run, step 1's and the last step's (a cumulative counter such as
+``async_rm/groups_dropped_stale`` is read at the last step; a per-step figure such as
+``async_rm/pool_wait_due_s`` is summed). What the README's heavy_2.5x per-run figures quote:
+
+    python bench/step_costs.py bench/results/e2e_runs --mode tail_auto --regime heavy_2.5x --seeds 0,1,2,3,4 \\
+        --metrics async_rm/pool_wait_s,async_rm/pool_wait_due_s,async_rm/groups_dropped_stale
 """
 
 from __future__ import annotations
@@ -48,6 +56,22 @@ def paired_costs(work: Path, trainer: str, mode: str, regime: str, seeds: list[i
     }
 
 
+def run_metrics(work: Path, trainer: str, mode: str, regime: str, seeds: list[int], names: list[str]) -> dict[str, dict[int, list]]:
+    """metric -> seed -> its value at each training step of that seed's run (None where a step has
+    no such metric)."""
+    runs = {seed: step_metrics(latest_run(work, trainer, seed, regime, mode)) for seed in seeds}
+    return {name: {seed: [step.get(name) for step in run] for seed, run in runs.items()} for name in names}
+
+
+def describe(values: list) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "not recorded"
+    first = "—" if values[0] is None else f"{values[0]:.4g}"
+    return (f"sum {sum(present):.3f}, step 1 {first}, last {present[-1]:.4g}, "
+            f"per step {[None if v is None else round(v, 3) for v in values]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work", type=Path, help="the benchmark's run folders (<out>_runs/)")
@@ -55,8 +79,18 @@ def main() -> None:
     parser.add_argument("--mode", default="both")
     parser.add_argument("--regime", default="tail_1x")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--metrics", help="comma-separated trainer metrics to list per seed's run (unpaired), "
+                        "e.g. async_rm/pool_wait_due_s,async_rm/groups_dropped_stale")
     args = parser.parse_args()
-    costs = paired_costs(args.work, args.trainer, args.mode, args.regime, [int(s) for s in args.seeds.split(",")])
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.metrics:
+        per_metric = run_metrics(args.work, args.trainer, args.mode, args.regime, seeds,
+                                 [m.strip() for m in args.metrics.split(",") if m.strip()])
+        for name, by_seed in per_metric.items():
+            for seed, values in by_seed.items():
+                print(f"{name:32s} seed {seed}: {describe(values)}")
+        return
+    costs = paired_costs(args.work, args.trainer, args.mode, args.regime, seeds)
     for timer, per_step in costs.items():
         print(f"{timer:32s} sum {sum(per_step):+.3f} s   per step {[round(x, 3) for x in per_step]}")
 

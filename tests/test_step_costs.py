@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.step_costs import paired_costs
+from bench.step_costs import describe, paired_costs, run_metrics
 
 pytestmark = pytest.mark.quick
 
@@ -28,3 +28,21 @@ def test_costs_pair_each_seed_with_the_same_modes_instant_run(tmp_path):
     costs = paired_costs(tmp_path, "v1", "both", "tail_1x", [0, 1, 2])
     assert costs["timing_s/reward_wait"] == pytest.approx([0.2, 0.4])  # medians over seeds, per step
     assert costs["timing_s/adv"] == pytest.approx([0.0, 0.0])
+
+
+def test_metrics_are_listed_per_seed_from_that_seeds_run_only(tmp_path):
+    for seed, due in ((0, [0.5, None, 0.25]), (1, [0.0, 0.0, 0.0])):
+        run = tmp_path / f"v1_steps3_seed{seed}_heavy_2.5x_tail_{'a' * 10}"
+        run.mkdir()
+        rows = [{"step": 0, "data": {"async_rm/pool_wait_due_s": 99.0}}]  # validation: not a training step
+        rows += [{"step": i + 1, "data": {} if d is None else {"async_rm/pool_wait_due_s": d, "async_rm/groups_dropped_stale": i}}
+                 for i, d in enumerate(due)]
+        (run / "metrics-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    write_run(tmp_path, f"v1_steps3_seed0_heavy_2.5x_tail_drop_{'b' * 10}", [9.0, 9.0, 9.0])  # another mode
+    got = run_metrics(tmp_path, "v1", "tail", "heavy_2.5x", [0, 1], ["async_rm/pool_wait_due_s", "async_rm/groups_dropped_stale", "nope"])
+    assert got["async_rm/pool_wait_due_s"] == {0: [0.5, None, 0.25], 1: [0.0, 0.0, 0.0]}
+    assert describe(got["async_rm/pool_wait_due_s"][0]).startswith("sum 0.750, step 1 0.5, last 0.25")
+    assert describe(got["async_rm/groups_dropped_stale"][0]).startswith("sum 2.000, step 1 0, last 2")  # a counter: read "last"
+    assert describe(got["nope"][1]) == "not recorded"
+    with pytest.raises(SystemExit, match="no run of v1 seed 2"):
+        run_metrics(tmp_path, "v1", "tail", "heavy_2.5x", [2], ["async_rm/pool_wait_due_s"])
