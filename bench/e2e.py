@@ -758,6 +758,16 @@ def _fmt_interval(i: Optional[dict]) -> str:
     return "—" if not i else f"{i['mean']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}] (n={i['n']})"
 
 
+def _verdict(goal: dict, markdown: bool) -> str:
+    """A goal's PASS / FAIL / not measured; a variant row meets or misses a threshold, not a goal."""
+    if goal["pass"] is None:
+        return "not measured" if markdown else "NOT MEASURED"
+    if goal.get("variant"):
+        text = "meets it" if goal["pass"] else "below it"
+        return (text if goal["pass"] else f"**{text}**") if markdown else f"VARIANT {text}"
+    return ("PASS" if goal["pass"] else "**FAIL**") if markdown else ("PASS" if goal["pass"] else "FAIL")
+
+
 def _goal_figure(goal: dict) -> str:
     figure = goal["figure"]
     if not figure:
@@ -818,10 +828,7 @@ def markdown(report: dict) -> str:
                      f"| — | {'—' if held_out else interval} | {worse} |")
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
-        verdict = {None: "not measured", True: "PASS", False: "**FAIL**"}[goal["pass"]]
-        if goal.get("variant") and goal["pass"] is not None:  # a variant meets or misses a threshold, not a goal
-            verdict = "meets it" if goal["pass"] else "**below it**"
-        lines.append(f"| {goal['trainer']} | {goal['goal']} | {_goal_figure(goal)} | {verdict} |")
+        lines.append(f"| {goal['trainer']} | {goal['goal']} | {_goal_figure(goal)} | {_verdict(goal, markdown=True)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -847,10 +854,7 @@ def print_report(report: dict) -> None:
     if report["missing_runs"]:
         print(f"NOT RUN ({len(report['missing_runs'])} of the plan): " + ", ".join(report["missing_runs"][:20]))
     for goal in report["goals"]:
-        verdict = {None: "NOT MEASURED", True: "PASS", False: "FAIL"}[goal["pass"]]
-        if goal.get("variant") and goal["pass"] is not None:
-            verdict = "VARIANT " + ("meets it" if goal["pass"] else "below it")
-        print(f"[{verdict}] {goal['trainer']}: {goal['goal']}: {_goal_figure(goal)}")
+        print(f"[{_verdict(goal, markdown=False)}] {goal['trainer']}: {goal['goal']}: {_goal_figure(goal)}")
     if report.get("queue_bias"):
         print("harness check, loop time over its cell's median by place in the start-up queue: "
               + "; ".join(f"{row['queue_position'] + 1}: {_fmt(row['loop_time_over_cell_median'])}"

@@ -16,6 +16,14 @@ by step, their sum over the run, step 1's and the last step's (a cumulative coun
 
     python bench/step_costs.py bench/results/e2e_runs --mode tail_auto --regime heavy_2.5x --seeds 0,1,2,3,4 \\
         --metrics async_rm/pool_wait_s,async_rm/pool_wait_due_s,async_rm/groups_dropped_stale
+
+With ``--pace REPORT``, from an e2e report's committed records (no run folders needed): per seed, a
+mode's reduction vs the same seed's stock run in one regime, beside its pace probe, how long
+``timing_s/old_log_prob`` (the same forward pass in every mode; median step) took in the mode's run
+over the stock run. A seed slower than stock with a probe well over 1 ran on a slower machine (or
+its mode took CPU from compute). What the README's per-seed figures quote:
+
+    python bench/step_costs.py --pace bench/results/e2e.json --mode tail_auto --regime zero
 """
 
 from __future__ import annotations
@@ -63,6 +71,18 @@ def run_metrics(work: Path, trainer: str, mode: str, regime: str, seeds: list[in
     return {name: {seed: [step.get(name) for step in run] for seed, run in runs.items()} for name in names}
 
 
+def pace_pairs(report: dict, trainer: str, mode: str, regime: str) -> list[dict]:
+    """Per seed with both runs: the mode's reduction vs stock, and the pace probe's ratio."""
+    runs = {(r["seed"], r["mode"]): r for r in report["records"] if r["trainer"] == trainer and r["regime"] == regime}
+    out = []
+    for seed in sorted({seed for seed, m in runs if m == mode and (seed, "baseline") in runs}):
+        mine, stock = runs[seed, mode], runs[seed, "baseline"]
+        probe = (statistics.median(mine["same_work_s"]) / statistics.median(stock["same_work_s"])
+                 if mine.get("same_work_s") and stock.get("same_work_s") else None)
+        out.append({"seed": seed, "reduction": 1 - mine["loop_time_s"] / stock["loop_time_s"], "probe_ratio": probe})
+    return out
+
+
 def describe(values: list) -> str:
     present = [v for v in values if v is not None]
     if not present:
@@ -74,14 +94,22 @@ def describe(values: list) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("work", type=Path, help="the benchmark's run folders (<out>_runs/)")
+    parser.add_argument("work", type=Path, nargs="?", help="the benchmark's run folders (<out>_runs/)")
     parser.add_argument("--trainer", default="v1")
     parser.add_argument("--mode", default="both")
     parser.add_argument("--regime", default="tail_1x")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--metrics", help="comma-separated trainer metrics to list per seed's run (unpaired), "
                         "e.g. async_rm/pool_wait_due_s,async_rm/groups_dropped_stale")
+    parser.add_argument("--pace", type=Path, help="an e2e report (JSON): per seed, reduction vs stock and the pace probe")
     args = parser.parse_args()
+    if args.pace:
+        for row in pace_pairs(json.loads(args.pace.read_text()), args.trainer, args.mode, args.regime):
+            probe = "—" if row["probe_ratio"] is None else f"{row['probe_ratio']:.2f}"
+            print(f"seed {row['seed']}: reduction vs stock {row['reduction']:+.0%}, pace probe {probe}")
+        return
+    if args.work is None:
+        parser.error("the run folders are needed (or --pace REPORT)")
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.metrics:
         per_metric = run_metrics(args.work, args.trainer, args.mode, args.regime, seeds,

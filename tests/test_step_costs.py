@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.step_costs import describe, paired_costs, run_metrics
+from bench.step_costs import describe, pace_pairs, paired_costs, run_metrics
 
 pytestmark = pytest.mark.quick
 
@@ -46,3 +46,17 @@ def test_metrics_are_listed_per_seed_from_that_seeds_run_only(tmp_path):
     assert describe(got["nope"][1]) == "not recorded"
     with pytest.raises(SystemExit, match="no run of v1 seed 2"):
         run_metrics(tmp_path, "v1", "tail", "heavy_2.5x", [2], ["async_rm/pool_wait_due_s"])
+
+
+def test_pace_pairs_each_seeds_mode_run_with_its_stock_run_in_the_same_regime():
+    def record(seed, regime, mode, loop, probe):
+        return {"trainer": "v1", "seed": seed, "regime": regime, "mode": mode, "loop_time_s": loop,
+                "same_work_s": None if probe is None else [probe, probe, 9.0 * probe]}
+    report = {"records": [record(0, "zero", "baseline", 10.0, 0.1), record(0, "zero", "tail_auto", 12.0, 0.2),
+                          record(0, "tail_1x", "baseline", 20.0, 0.5),  # another regime's stock run: not the pair
+                          record(1, "zero", "baseline", 10.0, None), record(1, "zero", "tail_auto", 9.0, 0.1),
+                          record(2, "zero", "tail_auto", 9.0, 0.1)]}  # no stock run: no row
+    rows = pace_pairs(report, "v1", "tail_auto", "zero")
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert rows[0]["reduction"] == pytest.approx(-0.2) and rows[0]["probe_ratio"] == pytest.approx(2.0)  # medians
+    assert rows[1]["reduction"] == pytest.approx(0.1) and rows[1]["probe_ratio"] is None
