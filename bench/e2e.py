@@ -29,8 +29,12 @@ Fairness: every mode of a (trainer, seed) gets the same model, data, judge draws
 response and seed), sampling draws (the CPU rollout's paired draws: a prompt's samples come from
 generators seeded by the prompt, so a strategy generating a step ahead draws what the baseline
 draws; its learning gap is the strategy's, not sampling luck) and settings (agent concurrency, the v1 sampler's poll interval, the deadline);
-each run starts its own Ray cluster the same way; run order is shuffled within a (trainer, seed)
-block, so drift on the shared machine does not favour one mode (the calibration run goes first).
+each run starts its own Ray cluster the same way. A (trainer, seed, regime)'s runs (stock and every
+mode) start up together and train back to back, so a reduction compares runs made at the same
+machine pace (the pace of start-up groups varied up to 2x within one benchmark); the order of the
+regimes and each mode's place in its group's queue are a seeded shuffle, so drift on the shared
+machine does not favour one mode (the calibration run goes first). Several runs of one package tree
+are judged together by bench/pool_e2e.py.
 
 Each finished run is cached under --work, keyed by what it ran (trainer, seed, regime parameters in
 seconds, mode, steps, and a fingerprint of the package source), so the same command resumes after an
@@ -230,21 +234,38 @@ def plan_cells(regimes: list[str], strategies: list[str], failure_modes: list[st
 def plan_runs(seeds: dict[str, list[int]], cells: dict[str, list[tuple[str, str]]],
               calibrate: set[str]) -> list[Run]:
     """Every run once, in (trainer, seed) blocks, v1 first and v0 one block behind (v1 s0, v1 s1,
-    v0 s0, v1 s2, v0 s1: a partial benchmark still has seeds of both trainers, the headline's first),
-    shuffled within a block by a seeded shuffle.
+    v0 s0, v1 s2, v0 s1: a partial benchmark still has seeds of both trainers, the headline's first).
+    Within a block, each regime's runs (its stock run and every mode) are consecutive, one
+    start-up group (``startup_group``): the runs a reduction compares start up together and train
+    back to back, at the same machine pace. The order of the regimes, and of the modes within a
+    regime (their place in the group's queue), is a seeded shuffle.
     A trainer in ``calibrate`` gets its first block's stock zero-latency run first: it measures C."""
     blocks = sorted(((index + (trainer == "v0"), trainer != "v1", trainer, index, seed)
                      for trainer, trainer_seeds in seeds.items() for index, seed in enumerate(trainer_seeds)))
     runs: list[Run] = []
     for *_, trainer, index, seed in blocks:
-        block = [Run(trainer, seed, regime, mode) for regime, mode in cells[trainer]]
-        random.Random(f"{trainer}-{seed}").shuffle(block)
-        if index == 0 and trainer in calibrate:
+        shuffle = random.Random(f"{trainer}-{seed}").shuffle
+        columns: dict[str, list[Run]] = {}
+        for regime, mode in cells[trainer]:
+            columns.setdefault(regime, []).append(Run(trainer, seed, regime, mode))
+        order = list(columns)
+        shuffle(order)
+        for column in columns.values():
+            shuffle(column)
+        if index == 0 and trainer in calibrate and "zero" in columns:
+            order.remove("zero")
+            order.insert(0, "zero")
             first = Run(trainer, seed, "zero", STOCK)
-            block.remove(first)
-            block.insert(0, first)
-        runs += block
+            columns["zero"].remove(first)
+            columns["zero"].insert(0, first)
+        runs += [run for regime in order for run in columns[regime]]
     return runs
+
+
+def startup_group(run: Run) -> tuple:
+    """Runs with the same key may start up together (up to --parallel-startups of them); a run of
+    another key starts a new group. One (trainer, seed, regime): see plan_runs."""
+    return run.trainer, run.seed, run.regime
 
 
 def source_fingerprint() -> str:
@@ -520,8 +541,14 @@ def paired_interval(diffs: list[float]) -> Optional[dict]:
     return {"mean": round(mean, 4), "low": round(mean - half, 4), "high": round(mean + half, 4), "n": len(diffs)}
 
 
+def _unit(record: dict) -> tuple:
+    """What a pair is formed within: one seed of one benchmark run. Records pooled from several runs
+    (bench/pool_e2e.py) carry the run they came from, so a pair never mixes two runs' machines."""
+    return record.get("benchmark_run"), record["seed"]
+
+
 def _index(records: list[dict]) -> dict[tuple, dict]:
-    return {(r["trainer"], r["seed"], r["regime"], r["mode"]): r for r in records}
+    return {(r["trainer"], _unit(r), r["regime"], r["mode"]): r for r in records}
 
 
 def _ordered(values, order) -> list:
@@ -542,7 +569,7 @@ def timing_table(records: list[dict]) -> list[dict]:
                 reduction, vs_stock, vs_same, vs_same_steady = [], [], [], []
                 first_extra, last_extra = [], []
                 for r in cell:
-                    base = at.get((trainer, r["seed"], regime, STOCK))
+                    base = at.get((trainer, _unit(r), regime, STOCK))
                     if base is None or mode == STOCK:
                         continue
                     t, tb = r["loop_time_s"], base["loop_time_s"]
@@ -550,13 +577,13 @@ def timing_table(records: list[dict]) -> list[dict]:
                     if regime == "zero":
                         continue
                     for bound_mode, out in ((STOCK, vs_stock), (mode, vs_same)):
-                        bound = at.get((trainer, r["seed"], "zero", bound_mode))
+                        bound = at.get((trainer, _unit(r), "zero", bound_mode))
                         if bound is not None and tb > bound["loop_time_s"]:
                             out.append((tb - t) / (tb - bound["loop_time_s"]))
                     # The same, on steps 2..N-1: without the first step (its batch has only the next
                     # batch's generation to hide behind) and the last (only the step before's
                     # training), a per-run constant that a long training amortises. Context, not judged.
-                    bound = at.get((trainer, r["seed"], "zero", mode))
+                    bound = at.get((trainer, _unit(r), "zero", mode))
                     middle = [len(x["step_times"]) > 2 for x in (r, base, bound or {"step_times": []})]
                     if bound is not None and all(middle):
                         t_mid, tb_mid, bound_mid = (sum(x["step_times"][1:-1]) for x in (r, base, bound))
@@ -606,7 +633,7 @@ def learning_table(records: list[dict]) -> list[dict]:
             cell = [r for r in mine if learning_label(r) == label]
             diffs: dict[str, list[float]] = {"final_reward": [], "val_final": []}
             for r in cell:
-                base = at.get((trainer, r["seed"], r["regime"], STOCK))
+                base = at.get((trainer, _unit(r), r["regime"], STOCK))
                 if base is not None and base is not r:
                     for key, out in diffs.items():
                         if r.get(key) is not None and base.get(key) is not None:
@@ -632,8 +659,8 @@ def paired_comparison(records: list[dict], better: str, than: str) -> list[dict]
     at = _index(records)
     rows = []
     for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
-        pairs = [(r, at[trainer, r["seed"], r["regime"], than]) for r in records
-                 if r["trainer"] == trainer and r["mode"] == better and (trainer, r["seed"], r["regime"], than) in at]
+        pairs = [(r, at[trainer, _unit(r), r["regime"], than]) for r in records
+                 if r["trainer"] == trainer and r["mode"] == better and (trainer, _unit(r), r["regime"], than) in at]
         if pairs:
             rows.append(_paired_row(trainer, f"{better} - {than}", pairs, judged=True))
     return rows
@@ -646,9 +673,9 @@ def failure_cost(records: list[dict], mode: str) -> list[dict]:
     at = _index(records)
     rows = []
     for trainer in _ordered((r["trainer"] for r in records), ["v1", "v0"]):
-        pairs = [(r, at[trainer, r["seed"], REGIMES[r["regime"]].without_failures, STOCK]) for r in records
+        pairs = [(r, at[trainer, _unit(r), REGIMES[r["regime"]].without_failures, STOCK]) for r in records
                  if r["trainer"] == trainer and r["mode"] == mode and not REGIMES[r["regime"]].timing
-                 and (trainer, r["seed"], REGIMES[r["regime"]].without_failures, STOCK) in at]
+                 and (trainer, _unit(r), REGIMES[r["regime"]].without_failures, STOCK) in at]
         if pairs:
             rows.append(_paired_row(trainer, f"{mode} - {STOCK} without failures", pairs, judged=False))
     return rows
@@ -861,15 +888,22 @@ def print_report(report: dict) -> None:
                           for row in report["queue_bias"]))
 
 
-def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, regimes: list[str],
-                 regime_compute: dict, fingerprint: str, decode_s: float, skipped: dict, failed: list[str],
-                 missing: list[str], started: float, from_cache: int, retried: list[str] = ()) -> dict:
+def analyse(records: list[dict]) -> dict:
+    """Every table and the goals, from per-run records (of one benchmark run, or pooled from several)."""
     timing = timing_table(records)
     learning = learning_table(records)
     # mask against neutral meeting the same failures (against stock verl meeting them: the learning
     # table's row); what the failures cost, against stock verl without them: reported, not judged
     comparisons = (paired_comparison(records, "both_mask", "both_neutral")
                    + [row for mode in [STOCK, "both_mask"] for row in failure_cost(records, mode)])
+    return {"timing": timing, "learning": learning, "comparisons": comparisons,
+            "goals": goals(timing, learning, comparisons), "queue_bias": queue_bias(records)}
+
+
+def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, regimes: list[str],
+                 regime_compute: dict, fingerprint: str, decode_s: float, skipped: dict, failed: list[str],
+                 missing: list[str], started: float, from_cache: int, retried: list[str] = ()) -> dict:
+    analysis = analyse(records)
     seeds_run = {t: sorted({r["seed"] for r in records if r["trainer"] == t}) for t in seeds}
     report = {
         "command": command,
@@ -881,8 +915,7 @@ def build_report(records: list[dict], *, command: str, steps: int, seeds: dict, 
         "regime_compute_s": regime_compute, "compute_per_step_s": compute_per_step(records),
         "decode_s_per_token": decode_s, "v1_poll_interval_s": V1_POLL_S, "agent_overrides": AGENT,
         "modes": {m: MODES[m] for m in sorted({r["mode"] for r in records})},
-        "timing": timing, "learning": learning, "comparisons": comparisons,
-        "goals": goals(timing, learning, comparisons), "queue_bias": queue_bias(records),
+        **analysis,
         "skipped": skipped, "failed_runs": failed, "missing_runs": missing, "retried_runs": list(retried),
         "this_invocation_s": round(time.time() - started, 1), "runs_from_cache": from_cache,
         # judge calls only where the timeline may draw them (instant and heavy-tailed judges), to keep the JSON small
@@ -1053,6 +1086,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             missing.append(f"{run.trainer}/s{run.seed}/{run.regime}/{run.mode}")
             continue
         assets = prepare_assets(CPURunConfig(out_dir=str(work / f"assets_seed{run.seed}"), seed=run.seed))
+        if pending and startup_group(pending[-1][1].run) != startup_group(run):
+            flush()
         pending.append((index, Job(run, settings, work / key, assets), key))
         if calibration or len(pending) >= args.parallel_startups:
             flush()

@@ -22,6 +22,8 @@ from bench.backpressure import markdown as backpressure_markdown  # noqa: E402
 from bench.e2e import STOCK, goals, timing_table  # noqa: E402
 from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
+from bench.pool_e2e import markdown as pooled_markdown  # noqa: E402
+from bench.pool_e2e import pool  # noqa: E402
 from verl_async_rm.demo import ModeResult, draw_timeline  # noqa: E402
 from verl_async_rm.demo import markdown_table as demo_markdown  # noqa: E402
 
@@ -35,7 +37,9 @@ E2E_END = "<!-- /e2e tables -->"
 # README block: name -> the JSON; its block lies between "<!-- e2e NAME tables: ... -->" and
 # "<!-- /e2e NAME tables -->".
 E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json",
-               "zero": RESULTS / "e2e_zero.json"}
+               "zero": RESULTS / "e2e_zero.json", "pairs": RESULTS / "e2e_pairs.json"}
+# The goals over every run of one tree (bench/pool_e2e.py): its block is "<!-- e2e pooled tables: ... -->".
+E2E_POOLED = RESULTS / "e2e_pooled.json"
 
 
 def focused_markers(name: str) -> tuple[str, str]:
@@ -54,7 +58,15 @@ def tables() -> dict[str, str]:
         "backpressure": backpressure_markdown(json.loads((RESULTS / "backpressure.json").read_text())),
         "fault_suite": fault_markdown(json.loads((RESULTS / "fault_suite.json").read_text())),
         **{f"e2e_{name}": e2e_markdown(e2e_report(path)) for name, path in E2E_FOCUSED.items() if path.exists()},
+        **({"e2e_pooled": pooled_markdown(pooled_report(E2E_POOLED))} if E2E_POOLED.exists() else {}),
     }
+
+
+def pooled_report(path: Path) -> dict:
+    """The pooled goals, pooled again from the committed reports it names (so the README's block
+    always follows those reports, never a stale copy)."""
+    names = [source["name"] for source in json.loads(path.read_text())["pooled_from"]]
+    return pool({name: json.loads((path.parent / f"{name}.json").read_text()) for name in names})
 
 
 def e2e_report(path: Path) -> dict:
@@ -114,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timeline ({draw_e2e_timeline()}): {E2E_TIMELINE.relative_to(ROOT)}")
     if args.write_readme:
         write_readme(all_tables["e2e"])
-        for name in E2E_FOCUSED:
+        for name in [*E2E_FOCUSED, "pooled"]:
             if f"e2e_{name}" in all_tables:
                 begin, end = focused_markers(name)
                 write_readme(all_tables[f"e2e_{name}"], begin=begin, end=end)

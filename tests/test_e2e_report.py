@@ -20,6 +20,7 @@ from bench.e2e import (
     plan_cells,
     plan_runs,
     record_of,
+    startup_group,
     timing_table,
 )
 from tests.conftest import ROOT
@@ -57,6 +58,46 @@ def test_plan_runs_blocks_v1_first_calibration_first_and_a_seeded_shuffle():
     assert runs == plan_runs(seeds, {"v1": cells, "v0": cells}, calibrate={"v1", "v0"})  # seeded
     uncalibrated = plan_runs({"v1": [0]}, {"v1": cells}, calibrate=set())
     assert sorted(uncalibrated) == sorted(runs[:len(cells)])
+
+
+@quick
+def test_plan_runs_keeps_each_regimes_runs_together_in_a_shuffled_order():
+    cells = plan_cells(["tail_1x", "heavy_2.5x"], ["both", "tail_auto"], [])
+    seeds = {"v1": list(range(6)), "v0": [0, 1]}
+    runs = plan_runs(seeds, {"v1": cells, "v0": cells}, calibrate={"v1"})
+    groups = [startup_group(r) for r in runs]
+    # one regime's runs of one (trainer, seed) are consecutive: a group key never comes back
+    changes = [g for i, g in enumerate(groups) if i == 0 or g != groups[i - 1]]
+    assert len(changes) == len(set(changes)) == 8 * 3
+    assert all(len({r.mode for r in runs if startup_group(r) == g}) == 3 for g in changes)
+    assert runs[0] == Run("v1", 0, "zero", "baseline")  # calibration still first
+    # the regimes' order and the queue places are shuffled, not fixed by the plan
+    assert len({tuple(r.regime for r in runs if (r.trainer, r.seed) == ("v1", s))[::3] for s in range(1, 6)}) > 1
+    assert len({r.mode for r in runs[3::3]}) > 1
+
+
+@quick
+def test_main_starts_each_regimes_runs_together_and_never_mixes_regimes_in_a_group(tmp_path, monkeypatch):
+    import verl_async_rm.cpu_backend.launch as launch
+
+    groups = []
+    calls = []
+    inner = fake_execute(calls)
+
+    def execute_group(jobs, steps, progress, parallel):
+        groups.append([job.run for job in jobs])
+        return inner(jobs, steps, progress, parallel)
+
+    monkeypatch.setattr(e2e, "execute_group", execute_group)
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode, trainer: None)
+    monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
+    argv = ["--trainers", "v1", "--steps", "2", "--seeds", "0,1", "--regimes", "tail_1x,heavy_2.5x",
+            "--strategies", "both,tail,tail_auto", "--failure-modes", "", "--compute", "v1=0.8",
+            "--out", str(tmp_path / "e2e.json")]
+    assert e2e.main(argv) == 0
+    assert all(len({startup_group(r) for r in group}) == 1 for group in groups)
+    # four runs a regime with three start-ups: a group of 3 and one of 1, never a regime split further
+    assert sorted(len(g) for g in groups) == [1] * 6 + [3] * 6
 
 
 @quick
