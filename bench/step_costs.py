@@ -21,9 +21,12 @@ With ``--pace REPORT``, from an e2e report's committed records (no run folders n
 mode's reduction vs the same seed's stock run in one regime, beside its pace probe, how long
 ``timing_s/old_log_prob`` (the same forward pass in every mode; median step) took in the mode's run
 over the stock run. A seed slower than stock with a probe well over 1 ran on a slower machine (or
-its mode took CPU from compute). What the README's per-seed figures quote:
+its mode took CPU from compute). In a latency regime it also splits the goal's hidden fraction:
+the wait, what the mode's loop exposed of it, and how much of that its trainer timed as blocked on
+rewards. What the README's per-seed figures quote:
 
     python bench/step_costs.py --pace bench/results/e2e.json --mode tail_auto --regime zero
+    python bench/step_costs.py --pace bench/results/e2e_pairs.json --mode both --regime tail_1x
 """
 
 from __future__ import annotations
@@ -72,14 +75,26 @@ def run_metrics(work: Path, trainer: str, mode: str, regime: str, seeds: list[in
 
 
 def pace_pairs(report: dict, trainer: str, mode: str, regime: str) -> list[dict]:
-    """Per seed with both runs: the mode's reduction vs stock, and the pace probe's ratio."""
-    runs = {(r["seed"], r["mode"]): r for r in report["records"] if r["trainer"] == trainer and r["regime"] == regime}
+    """Per seed with both runs: the mode's reduction vs stock, and the pace probe's ratio. In a
+    latency regime, where the seed's run of the mode with an instant judge is there too, the goal's
+    hidden fraction split: of the wait (stock's loop minus the mode's instant-judge loop), what the
+    mode's loop exposed (its loop minus its instant-judge loop) and, of that, what its trainer timed
+    as blocked on rewards; the rest is the two runs' other differences (machine pace, CPU taken)."""
+    records = [r for r in report["records"] if r["trainer"] == trainer]
+    runs = {(r["seed"], r["mode"]): r for r in records if r["regime"] == regime}
+    bounds = {r["seed"]: r for r in records if r["regime"] == "zero" and r["mode"] == mode}
     out = []
     for seed in sorted({seed for seed, m in runs if m == mode and (seed, "baseline") in runs}):
         mine, stock = runs[seed, mode], runs[seed, "baseline"]
         probe = (statistics.median(mine["same_work_s"]) / statistics.median(stock["same_work_s"])
                  if mine.get("same_work_s") and stock.get("same_work_s") else None)
-        out.append({"seed": seed, "reduction": 1 - mine["loop_time_s"] / stock["loop_time_s"], "probe_ratio": probe})
+        row = {"seed": seed, "reduction": 1 - mine["loop_time_s"] / stock["loop_time_s"], "probe_ratio": probe}
+        bound = bounds.get(seed)
+        if regime != "zero" and bound is not None and stock["loop_time_s"] > bound["loop_time_s"]:
+            wait, exposed = stock["loop_time_s"] - bound["loop_time_s"], mine["loop_time_s"] - bound["loop_time_s"]
+            blocked = sum(mine["blocked"]) if mine.get("blocked") else None
+            row |= {"wait_s": wait, "exposed_s": exposed, "blocked_s": blocked, "hidden": 1 - exposed / wait}
+        out.append(row)
     return out
 
 
@@ -106,7 +121,10 @@ def main() -> None:
     if args.pace:
         for row in pace_pairs(json.loads(args.pace.read_text()), args.trainer, args.mode, args.regime):
             probe = "—" if row["probe_ratio"] is None else f"{row['probe_ratio']:.2f}"
-            print(f"seed {row['seed']}: reduction vs stock {row['reduction']:+.0%}, pace probe {probe}")
+            split = "" if "hidden" not in row else (
+                f"; hidden {row['hidden']:.0%}: of {row['wait_s']:.2f} s of wait, {row['exposed_s']:+.2f} s exposed, "
+                + ("blocked on rewards not recorded" if row["blocked_s"] is None else f"{row['blocked_s']:.2f} s of it blocked on rewards"))
+            print(f"seed {row['seed']}: reduction vs stock {row['reduction']:+.0%}, pace probe {probe}{split}")
         return
     if args.work is None:
         parser.error("the run folders are needed (or --pace REPORT)")

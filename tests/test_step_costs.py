@@ -60,3 +60,22 @@ def test_pace_pairs_each_seeds_mode_run_with_its_stock_run_in_the_same_regime():
     assert [r["seed"] for r in rows] == [0, 1]
     assert rows[0]["reduction"] == pytest.approx(-0.2) and rows[0]["probe_ratio"] == pytest.approx(2.0)  # medians
     assert rows[1]["reduction"] == pytest.approx(0.1) and rows[1]["probe_ratio"] is None
+
+
+def test_pace_splits_the_hidden_fraction_into_exposed_and_blocked_time_where_the_instant_run_is_there():
+    def record(seed, regime, mode, loop, blocked=None):
+        return {"trainer": "v1", "seed": seed, "regime": regime, "mode": mode, "loop_time_s": loop,
+                "same_work_s": [0.1], "blocked": blocked}
+    report = {"records": [record(0, "zero", "baseline", 12.0), record(0, "zero", "both", 10.0), record(0, "tail_1x", "baseline", 20.0),
+                          record(0, "tail_1x", "both", 11.0, blocked=[0.1, 0.0, 0.2]),
+                          record(1, "tail_1x", "baseline", 20.0), record(1, "tail_1x", "both", 9.0),  # no instant run
+                          record(2, "zero", "both", 10.0), record(2, "tail_1x", "baseline", 19.0),
+                          record(2, "tail_1x", "both", 9.5, blocked=[])]}  # faster than its instant run
+    rows = {r["seed"]: r for r in pace_pairs(report, "v1", "both", "tail_1x")}
+    assert rows[0]["wait_s"] == pytest.approx(10.0) and rows[0]["exposed_s"] == pytest.approx(1.0)
+    assert rows[0]["blocked_s"] == pytest.approx(0.3) and rows[0]["hidden"] == pytest.approx(0.9)
+    assert "hidden" not in rows[1]
+    assert rows[2]["exposed_s"] == pytest.approx(-0.5) and rows[2]["hidden"] > 1 and rows[2]["blocked_s"] is None
+    # at zero latency there is no wait to split
+    zero = pace_pairs(report, "v1", "both", "zero")
+    assert [r["seed"] for r in zero] == [0] and "hidden" not in zero[0]
