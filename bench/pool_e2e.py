@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from bench.e2e import _goal_figure, _verdict, analyse  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-# What must agree for runs to measure the same thing (the judge's latencies are made of C).
+# What must agree for runs to measure the same thing; C (the judge's latencies are made of it) is
+# checked per trainer in pool(), as a report holds one C per trainer it ran.
 SAME = ("source_fingerprint", "steps")
 
 
