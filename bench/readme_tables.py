@@ -37,7 +37,8 @@ E2E_END = "<!-- /e2e tables -->"
 # README block: name -> the JSON; its block lies between "<!-- e2e NAME tables: ... -->" and
 # "<!-- /e2e NAME tables -->".
 E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json",
-               "zero": RESULTS / "e2e_zero.json", "pairs": RESULTS / "e2e_pairs.json"}
+               "zero": RESULTS / "e2e_zero.json", "pairs": RESULTS / "e2e_pairs.json",
+               "pairs2": RESULTS / "e2e_pairs2.json"}
 # The goals over every run of one tree (bench/pool_e2e.py): its block is "<!-- e2e pooled tables: ... -->".
 E2E_POOLED = RESULTS / "e2e_pooled.json"
 

@@ -26,7 +26,10 @@ def test_every_object_alive_before_the_freeze_leaves_the_collected_generations(u
     alive = [[] for _ in range(3)]  # containers: tracked by the collector
     assert all(gc.is_tracked(obj) for obj in alive)
     frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() > 1000
+    # The count it returns is the permanent generation's right after the freeze; a frozen object freed
+    # since (by another test's leftover thread, in a one-process run) lowers the count, never raises it.
+    now = gc.get_freeze_count()
+    assert now > 1000 and 0 <= frozen - now < 100
     collected = {id(obj) for obj in gc.get_objects()}  # every generation but the permanent one
     assert not any(id(obj) in collected for obj in alive)
     later = [[]]
