@@ -400,7 +400,7 @@ def start_gate_supported() -> bool:
     return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
 
 
-def _outcome(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None,
+def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None,
              loop_start: Optional[float] = None, queue_position: Optional[int] = None) -> Outcome:
     """``loop_start``: wall-clock time the training loop began (a gated run's), which places the judge
     calls on the step timeline (the demo's reader); without it the run has no calls drawn."""
@@ -447,7 +447,7 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
             try:
                 result = launch.run(run_config(job, steps), progress=progress)
                 load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
-                outcomes.append(_outcome(job, steps, result, time.monotonic() - started, load))
+                outcomes.append(outcome_of(job, steps, result, time.monotonic() - started, load))
             except RuntimeError as error:
                 outcomes.append(error)
         return outcomes
@@ -473,7 +473,7 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
 
                 marker = passed_marker(trainer.gate)
                 loop_start = float(marker.read_text()) if marker.exists() else None
-                outcomes.append(_outcome(job, steps, result, wall, load, trainer.gate_reached_s, loop_start, position))
+                outcomes.append(outcome_of(job, steps, result, wall, load, trainer.gate_reached_s, loop_start, position))
             except RuntimeError as error:
                 outcomes.append(error)
         return outcomes
@@ -785,7 +785,7 @@ def _fmt_interval(i: Optional[dict]) -> str:
     return "—" if not i else f"{i['mean']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}] (n={i['n']})"
 
 
-def _verdict(goal: dict, markdown: bool) -> str:
+def verdict_text(goal: dict, markdown: bool) -> str:
     """A goal's PASS / FAIL / not measured; a variant row meets or misses a threshold, not a goal."""
     if goal["pass"] is None:
         return "not measured" if markdown else "NOT MEASURED"
@@ -795,7 +795,7 @@ def _verdict(goal: dict, markdown: bool) -> str:
     return ("PASS" if goal["pass"] else "**FAIL**") if markdown else ("PASS" if goal["pass"] else "FAIL")
 
 
-def _goal_figure(goal: dict) -> str:
+def goal_figure(goal: dict) -> str:
     figure = goal["figure"]
     if not figure:
         return "not measured"
@@ -855,7 +855,7 @@ def markdown(report: dict) -> str:
                      f"| — | {'—' if held_out else interval} | {worse} |")
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
-        lines.append(f"| {goal['trainer']} | {goal['goal']} | {_goal_figure(goal)} | {_verdict(goal, markdown=True)} |")
+        lines.append(f"| {goal['trainer']} | {goal['goal']} | {goal_figure(goal)} | {verdict_text(goal, markdown=True)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -881,7 +881,7 @@ def print_report(report: dict) -> None:
     if report["missing_runs"]:
         print(f"NOT RUN ({len(report['missing_runs'])} of the plan): " + ", ".join(report["missing_runs"][:20]))
     for goal in report["goals"]:
-        print(f"[{_verdict(goal, markdown=False)}] {goal['trainer']}: {goal['goal']}: {_goal_figure(goal)}")
+        print(f"[{verdict_text(goal, markdown=False)}] {goal['trainer']}: {goal['goal']}: {goal_figure(goal)}")
     if report.get("queue_bias"):
         print("harness check, loop time over its cell's median by place in the start-up queue: "
               + "; ".join(f"{row['queue_position'] + 1}: {_fmt(row['loop_time_over_cell_median'])}"

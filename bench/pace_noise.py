@@ -102,7 +102,7 @@ def measure(run: e2e.Run, repeats: int, steps: int, compute_s: float, work: Path
             while not trainer.poll():
                 samples.append(tree_cpu(trainer.proc.pid))
                 time.sleep(0.2)
-            outcome = e2e._outcome(job, steps, trainer.result(), 0.0, {})
+            outcome = e2e.outcome_of(job, steps, trainer.result(), 0.0, {})
             same_work = outcome.extra.get(e2e.SAME_WORK_KEY)
             out.append({"position": position, "loop_time_s": round(outcome.summary.loop_time, 3),
                         "cpu_s": round(cpu_spent(before, samples), 2),

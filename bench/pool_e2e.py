@@ -24,7 +24,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e import _goal_figure, _verdict, analyse  # noqa: E402
+from bench.e2e import analyse, goal_figure, verdict_text  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 # What must agree for runs to measure the same thing; C (the judge's latencies are made of it) is
@@ -85,8 +85,8 @@ def markdown(report: dict) -> str:
     for goal in report["goals"]:
         each = "; ".join(f"{name}: {v['figure']} {'✓' if v['pass'] else '✗'}"
                          for name, v in goal["per_run"].items() if v) or "—"
-        lines.append(f"| {goal['trainer']} | {goal['goal']} | {_goal_figure(goal)} | {_pairs(goal)} | {each} "
-                     f"| {_verdict(goal, markdown=True)} |")
+        lines.append(f"| {goal['trainer']} | {goal['goal']} | {goal_figure(goal)} | {_pairs(goal)} | {each} "
+                     f"| {verdict_text(goal, markdown=True)} |")
     return "\n".join(lines) + "\n"
 
 

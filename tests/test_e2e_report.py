@@ -177,7 +177,7 @@ def test_the_middle_steps_figure_leaves_out_the_first_and_last_step_only():
     assert both["hidden_vs_same_mode_bound_middle_steps"]["median"] == pytest.approx(19 / 20, abs=1e-4)
     goal = next(g for g in goals(timing_table(records), [], []) if g["goal"].startswith("both hides"))
     assert goal["pass"] is False  # judged on the whole loop
-    assert "steps 2..N-1: 95%" in e2e._goal_figure(goal)
+    assert "steps 2..N-1: 95%" in e2e.goal_figure(goal)
     # the fill and the drain, in seconds over the same step with an instant judge (11/4 - 10/4 = 0.25 a step)
     assert both["first_step_minus_same_mode_bound_s"]["median"] == pytest.approx(2.25)
     assert both["last_step_minus_same_mode_bound_s"]["median"] == pytest.approx(1.25)
