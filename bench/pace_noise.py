@@ -68,12 +68,8 @@ def summarise(repeats: list[dict], wait_s: Optional[float]) -> dict:
     a hidden fraction (loop-time range over the wait)."""
     loops = [r["loop_time_s"] for r in repeats]
     cpus = [r["cpu_s"] for r in repeats]
-    out = {
-        "loop_time_s": {"median": round(statistics.median(loops), 3), "min": round(min(loops), 3), "max": round(max(loops), 3)},
-        "loop_max_over_min": round(max(loops) / min(loops), 3),
-        "cpu_s": {"median": round(statistics.median(cpus), 2), "min": round(min(cpus), 2), "max": round(max(cpus), 2)},
-        "cpu_max_over_min": round(max(cpus) / min(cpus), 3),
-    }
+    out = {"loop_time_s": e2e.spread(loops), "loop_max_over_min": round(max(loops) / min(loops), 3),
+           "cpu_s": e2e.spread(cpus), "cpu_max_over_min": round(max(cpus) / min(cpus), 3)}
     if wait_s:
         out["wait_s"] = wait_s
         out["hidden_fraction_range_from_noise"] = round((max(loops) - min(loops)) / wait_s, 3)

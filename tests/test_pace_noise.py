@@ -36,7 +36,7 @@ def test_summarise_gives_the_spread_and_its_share_of_the_wait():
     repeats = [{"loop_time_s": 10.0, "cpu_s": 16.0}, {"loop_time_s": 13.0, "cpu_s": 20.0},
                {"loop_time_s": 11.0, "cpu_s": 18.0}]
     summary = summarise(repeats, wait_s=6.0)
-    assert summary["loop_time_s"] == {"median": 11.0, "min": 10.0, "max": 13.0}
+    assert summary["loop_time_s"] == {"median": 11.0, "min": 10.0, "max": 13.0, "n": 3}
     assert summary["loop_max_over_min"] == pytest.approx(1.3)
     assert summary["cpu_max_over_min"] == pytest.approx(1.25)
     assert summary["hidden_fraction_range_from_noise"] == pytest.approx(0.5)
