@@ -1,11 +1,15 @@
-"""Where a demo lane's start-up goes: the CPU seconds each process of one run has spent by the time
-it waits at its start gate (Ray, verl's workers, validation done), the run alone on the machine.
+"""Where a demo lane's start-up goes: the CPU seconds each process of a run has spent by the time
+it waits at its start gate (Ray, verl's workers, validation done), one run alone or several
+starting together as the demo's do.
 
-    python bench/startup_profile.py                 # the `both` lane, v0; bench/results/startup_profile.json
-    python bench/startup_profile.py --mode baseline --trainer v1
+    python bench/startup_profile.py                 # the `both` lane alone, v0; bench/results/startup_profile.json
+    python bench/startup_profile.py --modes baseline --trainer v1
+    python bench/startup_profile.py --modes zero_latency,baseline,pipeline,off_policy,both \
+        --out bench/results/startup_profile_demo.json      # the demo's five lanes starting together
 
 The demo starts five such runs; on 2 cores their start-ups are CPU-bound, so the sum of these CPU
-seconds (not one run's wall time) is what the demo's start-up phase costs. Processes are sampled
+seconds (not one run's wall time) is what the demo's start-up phase costs, and a run costs more
+among others than alone (``--modes`` with the demo's five measures it as the demo pays it). Processes are sampled
 every 0.2 s (psutil: user + system of the process and its reaped children); a process that ends
 between samples keeps its last sample.
 """
@@ -42,57 +46,81 @@ def process_name(cmdline: list[str]) -> str:
     return Path(cmdline[0]).name if cmdline else "?"
 
 
-def profile(mode: str, trainer: str, poll_s: float = 0.2) -> dict:
+def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
+    """Start ``modes``' runs together, as the demo does, each frozen at its gate as it arrives (so a
+    parked run takes no CPU from the others); the CPU seconds of each process when all are parked."""
     with tempfile.TemporaryDirectory(prefix="startup_profile") as tmp:
         out = Path(tmp)
         assets = prepare_assets(CPURunConfig(out_dir=str(out / "assets")))
-        cfg = demo.lane_config(out / mode, assets, mode, 8, 0, demo.uniform_judge((0.05, 2.0)), trainer, start_gate=True)
+        judge = demo.uniform_judge((0.05, 2.0))
+        machine_before = psutil.cpu_times()
         started = time.monotonic()
-        lane = RunningTrainer(cfg)
-        seen: dict[int, tuple[str, float]] = {}
+        lanes = {mode: RunningTrainer(demo.lane_config(out / mode, assets, mode, 8, 0, judge, trainer, start_gate=True))
+                 for mode in modes}
+        seen: dict[tuple[str, int], tuple[str, float]] = {}
         try:
             while True:
-                try:
-                    root = psutil.Process(lane.proc.pid)
-                    procs = [root, *root.children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    procs = []
-                for proc in procs:
+                for mode, lane in lanes.items():
                     try:
-                        times = proc.cpu_times()
-                        seen[proc.pid] = (process_name(proc.cmdline()),
-                                          times.user + times.system + times.children_user + times.children_system)
-                    except psutil.Error:
-                        pass
-                if lane.at_gate or lane.poll():
+                        root = psutil.Process(lane.proc.pid)
+                        procs = [root, *root.children(recursive=True)]
+                    except psutil.NoSuchProcess:
+                        procs = []
+                    for proc in procs:
+                        try:
+                            times = proc.cpu_times()
+                            seen[mode, proc.pid] = (process_name(proc.cmdline()), times.user + times.system
+                                                    + times.children_user + times.children_system)
+                        except psutil.Error:
+                            pass
+                    if lane.at_gate:
+                        lane.freeze()
+                if all(lane.at_gate or lane.poll() for lane in lanes.values()):
                     break
                 time.sleep(poll_s)
-            if not lane.at_gate:
-                raise RuntimeError(f"the run ended before its start gate; its log is in {cfg.out_dir}")
             wall = time.monotonic() - started
+            machine = psutil.cpu_times()
+            ended = [mode for mode, lane in lanes.items() if not lane.at_gate]
+            if ended:
+                raise RuntimeError(f"{ended} ended before the start gate; logs in {out}")
         finally:
-            lane.close()
+            for lane in lanes.values():
+                lane.close()
     by_name: dict[str, dict] = {}
-    for name, cpu in seen.values():
+    by_lane: dict[str, float] = {}
+    for (mode, _), (name, cpu) in seen.items():
         entry = by_name.setdefault(name, {"processes": 0, "cpu_s": 0.0})
         entry["processes"] += 1
         entry["cpu_s"] = round(entry["cpu_s"] + cpu, 2)
-    return {"mode": mode, "trainer": trainer, "wall_to_gate_s": round(wall, 1),
+        by_lane[mode] = round(by_lane.get(mode, 0.0) + cpu, 2)
+    busy = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("user", "nice", "system", "irq", "softirq"))
+    idle = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("idle", "iowait"))
+    return {"modes": modes, "trainer": trainer, "wall_to_gate_s": round(wall, 1),
             "cpu_s": round(sum(e["cpu_s"] for e in by_name.values()), 1),
+            # the whole machine over the same interval: CPU-bound start-ups leave ~no idle time
+            "machine_busy_s": round(busy, 1), "machine_idle_s": round(idle, 1),
+            "by_lane": by_lane,
             "by_process": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cpu_s"]))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", default="both", choices=list(demo.MODES))
+    parser.add_argument("--modes", default="both",
+                        help=f"comma-separated runs started together (the demo's: {','.join(demo.DEFAULT_MODES)})")
     parser.add_argument("--trainer", default="v0", choices=["v0", "v1"])
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "startup_profile.json"))
     args = parser.parse_args()
-    result = profile(args.mode, args.trainer)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(demo.MODES) or len(set(modes)) != len(modes):
+        parser.error(f"--modes: distinct runs of {list(demo.MODES)}, got {args.modes!r}")
+    result = profile(modes, args.trainer)
     result |= {"command": " ".join(["python", "bench/startup_profile.py", *sys.argv[1:]]),
                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}}
-    print(f"{args.mode} ({args.trainer}): at its start gate after {result['wall_to_gate_s']} s, "
-          f"{result['cpu_s']} CPU s in all")
+    print(f"{','.join(modes)} ({args.trainer}): all at their start gates after {result['wall_to_gate_s']} s, "
+          f"{result['cpu_s']} CPU s in all (the machine: {result['machine_busy_s']} s busy, "
+          f"{result['machine_idle_s']} s idle, summed over its cores)")
+    for mode, cpu in result["by_lane"].items():
+        print(f"  {cpu:6.1f} CPU s  {mode}")
     for name, entry in result["by_process"].items():
         print(f"  {entry['cpu_s']:6.2f} CPU s  {entry['processes']} x {name}")
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

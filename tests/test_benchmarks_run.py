@@ -45,8 +45,12 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::AsyncRewardTaskRunner.run",
             "python -m verl_async_rm.main_ppo"} <= names, names
     assert "ray::RewardLoopWorker" not in names  # a strategy run (`both`): the agent scores, verl's would idle
+    # the CPU backend's router (cpu_backend/router.py) took verl's place, beside the light server actor class
+    assert {"ray::LightLoadBalancer", "ray::HFCPUServerActor"} <= names and "ray::GlobalRequestLoadBalancer" not in names
     assert all(entry["cpu_s"] >= 0 and entry["processes"] >= 1 for entry in written["by_process"].values())
     assert written["cpu_s"] == pytest.approx(sum(e["cpu_s"] for e in written["by_process"].values()), abs=0.2)
+    assert written["cpu_s"] == pytest.approx(sum(written["by_lane"].values()), abs=0.2) and list(written["by_lane"]) == ["both"]
+    assert written["machine_busy_s"] > 0 and written["machine_idle_s"] >= 0
     assert 0 < written["wall_to_gate_s"] and {"command", "machine"} <= set(written)
 
 

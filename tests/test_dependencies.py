@@ -30,7 +30,6 @@ SCOPES = {
 NOT_IMPORTED = {
     "fastapi": "verl imports it on the trainer path without declaring it",
     "uvicorn": "verl imports it on the trainer path without declaring it",
-    "cachetools": "verl imports it on the trainer path without declaring it",
     "pyarrow": "pandas' parquet engine, for the CPU backend's toy dataset",
     "pytest-timeout": "a pytest plugin (the suite's `timeout` option)",
     "pytest-xdist": "a pytest plugin: `pytest -m quick` runs on several processes (tests/conftest.py)",

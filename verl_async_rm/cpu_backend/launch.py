@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import ENV_FLAG, TMP_DIR_ENV
+from . import ENV_FLAG, TMP_DIR_ENV, router
 from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 from .finish_marker import FINISHED_ENV
 from .start_gate import GATE_ENV, open_gate, waiting_marker
@@ -178,6 +178,8 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         f"actor_rollout_ref.rollout.seed={cfg.seed}",
+        # verl's router plugin point: the same routing, in a process that does not import verl (router.py)
+        f"actor_rollout_ref.rollout.router_config_path={router.config_path()}",
         # reward
         f"reward.custom_reward_function.path={cfg.reward_path or toy_reward_path()}",
         f"reward.custom_reward_function.name={cfg.reward_name}",

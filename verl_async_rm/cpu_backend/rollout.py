@@ -25,7 +25,8 @@ three pieces verl expects of a rollout backend:
   the request's own seed, or the server's seeded stream), and each row's answer is delivered the
   moment its last token is sampled, not when the batch ends. ``DECODE_S_ENV`` adds a simulated
   per-token decode time (a GPU's), so that finishing times spread as they do on real hardware.
-* ``HFCPUReplica`` - ``RolloutReplica.launch_servers()`` starting that actor (one per replica).
+* ``HFCPUReplica`` - ``RolloutReplica.launch_servers()`` starting that actor (one per replica), as
+  ``server_actor.HFCPUServerActor``, which builds the server in its own process (why: there).
 * ``HFServerAdapter`` - the ``BaseRollout`` living in the trainer worker. The ``naive`` checkpoint
   engine hands it the actor's full tensors; it ships them as a CPU state dict to the server.
 
@@ -51,6 +52,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from .names import DECODE_S_ENV, NO_WEIGHT_SYNC_ENV, PAIRED_DRAWS_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, server_actor_name
+from .server_actor import HFCPUServerActor
 
 logger = logging.getLogger(__name__)
 # A request stops after a drawn length in [this fraction of its max tokens, its max tokens]: real
@@ -444,7 +446,7 @@ class HFCPUReplica(RolloutReplica):
             raise NotImplementedError("hf_cpu rollout runs on one node")
         name = server_actor_name(self.replica_rank, 0, self._kind() + self.name_suffix)
         server = (
-            ray.remote(HFCPUServer)
+            ray.remote(HFCPUServerActor)  # HFCPUServer behind a class whose module imports nothing heavy
             .options(
                 name=name,
                 # No CPU reservation: verl's workers already hold the (fake) GPU bundles, and a
