@@ -9,8 +9,8 @@ starting together as the demo's do.
 
 The demo starts five such runs; on 2 cores their start-ups are CPU-bound, so the sum of these CPU
 seconds (not one run's wall time) is what the demo's start-up phase costs, and a run costs more
-among others than alone (``--modes`` with the demo's five measures it as the demo pays it). Processes are sampled
-every 0.2 s (psutil: user + system of the process and its reaped children); a process that ends
+among others than alone (``--modes`` with the demo's five measures it as the demo pays it).
+Processes are sampled every 0.2 s (psutil: user + system of the process and its reaped children); a process that ends
 between samples keeps its last sample.
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from unittest.mock import patch
 
 import pytest
 from hypothesis import example, given, settings
@@ -64,9 +65,7 @@ def test_routes_as_verls_balancer_with_ties_broken_first(initial, ops):
 
     servers = {sid: f"handle-{i}" for i, sid in enumerate(SERVERS[:initial])}
     ours, theirs = LightLoadBalancer(servers, {"router_class": "x"}), verl_router.GlobalRequestLoadBalancer(servers)
-    first = verl_router.random.choice
-    verl_router.random.choice = lambda candidates: candidates[0]
-    try:
+    with patch.object(verl_router.random, "choice", lambda candidates: candidates[0]):
         for op in ops:
             outcomes = []
             for balancer in (ours, theirs):
@@ -78,8 +77,6 @@ def test_routes_as_verls_balancer_with_ties_broken_first(initial, ops):
             assert ours.get_all_servers() == theirs.get_all_servers()
             assert ours.get_total_inflight() == theirs.get_total_inflight()
         assert ours.clear_sticky_cache() == theirs.clear_sticky_cache()  # the sticky entries left, too
-    finally:
-        verl_router.random.choice = first
 
 
 @pytest.mark.quick

@@ -6,8 +6,10 @@ the actor's process spends ~5 CPU-s of a run's ~40 CPU-s start-up importing befo
 single request (``bench/startup_profile.py``); the demo starts five runs on 2 cores. verl's public
 plugin point, ``actor_rollout_ref.rollout.router_config_path`` (a YAML naming ``router_class``, built
 as ``router_class(servers, yaml_config)``), takes this class instead: it imports only the standard
-library and cachetools (verl's own dependency, for the same LRU verl uses), so its process imports
-nothing heavy. The launcher sets it for every CPU run (stock verl and the strategies alike).
+library and cachetools (verl's own dependency, for the same LRU verl uses). Its process also imports
+the class module of the server handles verl passes it (Ray does, for every actor handle), hence the
+server's light actor class in ``server_actor.py``: together they keep that process free of verl and
+torch. The launcher sets it for every CPU run (stock verl and the strategies alike).
 
 Routing is verl's: a request id seen before goes back to its server (sticky sessions, for
 multi-turn agent loops), else to the server with the fewest requests in flight. One difference:
