@@ -46,6 +46,15 @@ def process_name(cmdline: list[str]) -> str:
     return Path(cmdline[0]).name if cmdline else "?"
 
 
+def loads_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it imported torch): the driver's should not
+    (cpu_backend/light_driver.py). False for a process that has ended."""
+    try:
+        return any("libtorch" in Path(m.path).name for m in psutil.Process(pid).memory_maps(grouped=True))
+    except psutil.Error:
+        return False
+
+
 def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
     """Start ``modes``' runs together, as the demo does, each frozen at its gate as it arrives (so a
     parked run takes no CPU from the others); the CPU seconds of each process when all are parked."""
@@ -83,15 +92,17 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
             ended = [mode for mode, lane in lanes.items() if not lane.at_gate]
             if ended:
                 raise RuntimeError(f"{ended} ended before the start gate; logs in {out}")
+            torch_loaded = {pid: loads_torch(pid) for _, pid in seen}  # every run is parked: its processes live
         finally:
             for lane in lanes.values():
                 lane.close()
     by_name: dict[str, dict] = {}
     by_lane: dict[str, float] = {}
-    for (mode, _), (name, cpu) in seen.items():
-        entry = by_name.setdefault(name, {"processes": 0, "cpu_s": 0.0})
+    for (mode, pid), (name, cpu) in seen.items():
+        entry = by_name.setdefault(name, {"processes": 0, "cpu_s": 0.0, "loading_torch": 0})
         entry["processes"] += 1
         entry["cpu_s"] = round(entry["cpu_s"] + cpu, 2)
+        entry["loading_torch"] += int(bool(torch_loaded.get(pid)))
         by_lane[mode] = round(by_lane.get(mode, 0.0) + cpu, 2)
     busy = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("user", "nice", "system", "irq", "softirq"))
     idle = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("idle", "iowait"))

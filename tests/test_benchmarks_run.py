@@ -42,8 +42,14 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(out.read_text())
     names = set(written["by_process"])
-    assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::AsyncRewardTaskRunner.run",
+    assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::TaskRunnerHost.run",
             "python -m verl_async_rm.main_ppo"} <= names, names
+    # the demo's light driver (cpu_backend/light_driver.py): the driver never loaded torch, the
+    # TaskRunner's work ran in its host actor, and the check sees torch where it is loaded
+    processes = written["by_process"]
+    assert processes["python -m verl_async_rm.main_ppo"]["loading_torch"] == 0
+    assert processes["ray::WorkerDict"]["loading_torch"] >= 1 and processes["ray::TaskRunnerHost.run"]["loading_torch"] == 1
+    assert "ray::AsyncRewardTaskRunner.run" not in names
     assert "ray::RewardLoopWorker" not in names  # a strategy run (`both`): the agent scores, verl's would idle
     # the CPU backend's router (cpu_backend/router.py) took verl's place, beside the light server actor class
     assert {"ray::LightLoadBalancer", "ray::HFCPUServerActor"} <= names and "ray::GlobalRequestLoadBalancer" not in names

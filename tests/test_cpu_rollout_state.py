@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_async_rm.cpu_backend.names import REPLICA_LOG_ENV
-from verl_async_rm.cpu_backend.rollout import HFCPUServer
+from verl_async_rm.cpu_backend.server import HFCPUServer, ServerSettings
 from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.quick
@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory):
 def server(model_dir, free_cache_engine=True) -> HFCPUServer:
     config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 6,
                                "max_num_seqs": 64, "ignore_eos": True, "free_cache_engine": free_cache_engine})
-    return HFCPUServer(config, OmegaConf.create({"path": model_dir}))
+    return HFCPUServer(ServerSettings.read(config, OmegaConf.create({"path": model_dir})))
 
 
 PROMPTS = [[1, 87, 85, 201], [1, 87, 85, 259, 201, 288], [1, 90, 91]]
@@ -100,7 +100,7 @@ def test_lengths_vary_and_each_response_arrives_when_it_is_done(model_dir, monke
     """Real decoding: responses differ in length and a short one is not held back by a long one
     in the same batch (the strategies score each sample as its rollout finishes)."""
     from verl_async_rm.cpu_backend.names import DECODE_S_ENV
-    from verl_async_rm.cpu_backend.rollout import MIN_LENGTH_FRACTION
+    from verl_async_rm.cpu_backend.server import MIN_LENGTH_FRACTION
 
     monkeypatch.setenv(DECODE_S_ENV, "0.005")  # 5 ms per token
     sampling = {**SAMPLING, "max_tokens": 12}
@@ -156,17 +156,17 @@ def test_paired_draws_give_two_runs_the_same_samples_for_the_same_prompt(model_d
     a little (a strategy's policy lag) mostly sample the same responses, where unpaired runs don't."""
     import torch
 
-    from verl_async_rm.cpu_backend import rollout
+    from verl_async_rm.cpu_backend import server as server_module
     from verl_async_rm.cpu_backend.names import PAIRED_DRAWS_ENV
 
     batch_sizes = []
-    real_sample_batch = rollout.sample_batch
+    real_sample_batch = server_module.sample_batch
 
     def recording(model, prompts, *args, **kwargs):
         batch_sizes.append(len(prompts))
         return real_sample_batch(model, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(rollout, "sample_batch", recording)
+    monkeypatch.setattr(server_module, "sample_batch", recording)
     order = list(range(12))  # 4 samples of each of the 3 prompts, as a GRPO group
 
     async def run(version: int, order: list[int], ids: list[str], nudge: float = 0.0) -> dict[int, list]:

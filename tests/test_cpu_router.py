@@ -102,7 +102,7 @@ def test_the_modules_a_router_process_loads_import_nothing_heavy(module):
 
 @pytest.mark.quick
 def test_the_server_actor_forwards_every_public_method_of_the_server():
-    from verl_async_rm.cpu_backend.rollout import HFCPUServer
+    from verl_async_rm.cpu_backend.server import HFCPUServer
     from verl_async_rm.cpu_backend.server_actor import METHODS, HFCPUServerActor
 
     public = {name for name, member in vars(HFCPUServer).items() if callable(member) and not name.startswith("_")}
@@ -138,14 +138,15 @@ def test_a_router_given_a_real_hf_cpu_server_imports_neither_torch_nor_verl(ray_
     import ray
     from omegaconf import OmegaConf
 
+    from verl_async_rm.cpu_backend.server import ServerSettings
     from verl_async_rm.cpu_backend.server_actor import HFCPUServerActor
     from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
 
     config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 4,
                                "max_num_seqs": 8, "ignore_eos": True, "free_cache_engine": True})
+    settings = ServerSettings.read(config, OmegaConf.create({"path": build_tiny_model(str(tmp_path / "model"))}))
     fresh = {"env_vars": {"VERL_ASYNC_RM_TEST_FRESH_WORKER": "router-imports"}}
-    server = ray.remote(HFCPUServerActor).options(num_cpus=0, max_concurrency=4, runtime_env=fresh).remote(
-        config, OmegaConf.create({"path": build_tiny_model(str(tmp_path / "model"))}))
+    server = ray.remote(HFCPUServerActor).options(num_cpus=0, max_concurrency=4, runtime_env=fresh).remote(settings)
     router = ray.remote(LightLoadBalancer).options(num_cpus=0, runtime_env=fresh).remote({"s0": server}, {})
     try:
         server_id, handle = ray.get(router.acquire_server.remote(request_id="r1"))
@@ -154,7 +155,13 @@ def test_a_router_given_a_real_hf_cpu_server_imports_neither_torch_nor_verl(ray_
         assert server_id == "s0" and 2 <= len(out.token_ids) <= 4
         loaded = ray.get(router.__ray_call__.remote(lambda self: sorted({m.split(".")[0] for m in sys.modules} & HEAVY)))
         assert loaded == []
-        assert "torch" in ray.get(server.__ray_call__.remote(lambda self: sorted(sys.modules)))  # the probe can see it
+        # the server's own process: torch and transformers, never verl (cpu_backend/server.py) ...
+        server_loaded = ray.get(server.__ray_call__.remote(lambda self: sorted({m.split(".")[0] for m in sys.modules} & HEAVY)))
+        assert server_loaded == ["torch", "transformers"]  # (the probe sees what is loaded)
+        # ... yet verl's agent loop, receiving its answer, gets verl's TokenOutput
+        from verl.workers.rollout.replica import TokenOutput
+
+        assert type(out) is TokenOutput and out.extra_fields["global_steps"] is None and out.stop_reason == "completed"
     finally:
         ray.kill(router)
         ray.kill(server)

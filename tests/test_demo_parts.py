@@ -234,8 +234,8 @@ def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
 
 
 @pytest.mark.parametrize("total_gb, available_gb, runs, expected", [
-    (24, 22, 5, 5),  # this project's machines: all five demo lanes start together (2.9 GiB each measured)
-    (16, 14, 5, 3),
+    (24, 22, 5, 5),  # this project's machines: all five demo lanes start together (2.2 GiB each measured)
+    (16, 14, 5, 4),
     (8, 6, 5, 1),    # too little for two: one at a time, never zero
     (64, 60, 5, 5),  # never more than there are runs
 ])

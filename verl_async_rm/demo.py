@@ -236,6 +236,7 @@ def lane_config(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: in
         model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
         val_before_train=True, reward_path=toy_reward_path(), reward_name="compute_score_with_latency",
         reward_kwargs=judge, reward_manager="async_agent", timeout_s=1800, start_gate=start_gate,
+        light_driver=True,  # five drivers start together: ~6 CPU-s less each (cpu_backend/light_driver.py)
         extra_overrides=[*SHAPE, *MODES[mode], "reward.async_agent.max_concurrency=64", *extra_overrides],
         # Ray starts two idle workers per new cluster that verl never uses (each ~1 CPU-s, 100 MB).
         extra_env={JUDGE_LOG_ENV: str(Path(out).absolute() / "judge_calls.jsonl"), "RAY_prestart_worker_first_driver": "0"},
@@ -253,15 +254,15 @@ def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, 
 
 
 # One CPU run's processes (Ray's daemons, the trainer and ~6 workers), GiB, with ~20% margin: measured
-# as the drop in available memory with four and with five demo lanes at their gates, 2.9 GiB a lane
-# (``memory_per_run_at_gate_gib`` in demo.json; their RSS sums read 4.1-4.6 GB: each process counts
-# the shared torch/verl libraries again).
-RUN_MEMORY_GB = 3.5
+# as the drop in available memory with five demo lanes at their gates, 2.2 GiB a lane since the light
+# driver (2.9 before; ``memory_per_run_at_gate_gib`` in demo.json; their RSS sums read 3.3-3.8 GB:
+# each process counts the shared torch/verl libraries again).
+RUN_MEMORY_GB = 2.7
 MEMORY_HEADROOM = 0.15  # of total memory left free: Ray's memory monitor kills workers above 95% use
 
 
 def default_parallel_startups(n_runs: int) -> int:
-    """As many runs at once as the free memory holds (all five need ~20 GB), at least one."""
+    """As many runs at once as the free memory holds (all five: ~14 GB and 15% of memory free), at least one."""
     import psutil
 
     memory = psutil.virtual_memory()

@@ -9,12 +9,14 @@ here before any Ray worker starts, and the strategy flags.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import hydra
 from omegaconf import DictConfig, open_dict
 
 from verl_async_rm.cpu_backend.finish_marker import mark_finished
+from verl_async_rm.cpu_backend.names import LIGHT_DRIVER_ENV
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import check_spec
@@ -61,23 +63,46 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
+V0_STRATEGY_RUNNER = "verl_async_rm.strategies.v0_runner:AsyncRewardTaskRunnerActor"
+
+
+def task_runner(config: DictConfig) -> str:
+    """``module:Name`` of the TaskRunner this run's driver starts: verl's, or ours for v0 strategies."""
+    if config.trainer.get("use_v1", True):
+        return "verl.trainer.main_ppo:TaskRunnerV1"
+    if strategy_from_mapping(config).enabled:
+        return V0_STRATEGY_RUNNER
+    return "verl.trainer.main_ppo_v0:TaskRunner"
+
+
+def check_as_verls_driver(config: DictConfig) -> None:
+    """What verl's driver does to the config before starting the TaskRunner (device, validation)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+
+
 @hydra.main(config_path="pkg://verl_async_rm.hydra_conf", config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
     config = prepare(config)
-    if not strategy_from_mapping(config).enabled or config.trainer.get("use_v1", True):
+    runner = task_runner(config)
+    if os.environ.get(LIGHT_DRIVER_ENV) == "1":  # the CPU backend's opt-in: this process never imports verl
+        from verl_async_rm.cpu_backend import light_driver
+
+        light_driver.run(config, runner)
+    elif runner != V0_STRATEGY_RUNNER:
         from verl.trainer.main_ppo import main as verl_main
 
         verl_main.__wrapped__(config)  # verl's own body, undecorated
     else:
         from verl.trainer.main_ppo import run_ppo
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import validate_config
-        from verl.utils.device import auto_set_device
 
         from verl_async_rm.strategies.v0_runner import AsyncRewardTaskRunnerActor
 
-        auto_set_device(config)
-        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        check_as_verls_driver(config)
         run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
     mark_finished()  # only under the CPU backend's launcher, which then ends the run (cpu_backend/finish_marker.py)
 

@@ -133,7 +133,15 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.workers.rollout.base", "BaseRollout", None, "cpu_backend"),
     ("verl.workers.rollout.replica", "RolloutReplicaRegistry", None, "cpu_backend"),
     ("verl.workers.rollout.replica", "RolloutReplica.launch_servers", ("self",), "cpu_backend"),
-    ("verl.workers.rollout.replica", "TokenOutput", None, "cpu_backend"),
+    ("verl.workers.rollout.replica", "TokenOutput", None, "cpu_backend/server.py: what its answers unpickle as"),
+    # -- CPU backend's light driver: cpu_backend/light_driver.py (the demo's runs) ----------------------
+    ("verl.trainer.main_ppo", "run_ppo", ("config", "task_runner_class"), "light_driver.py reproduces its ray.init"),
+    ("verl.trainer.constants_ppo", "get_ppo_ray_runtime_env", ("config",), "light_driver.py reproduces it (no GPU)"),
+    ("verl.trainer.constants_ppo", "PPO_RAY_RUNTIME_ENV", None, "light_driver.py: its env vars"),
+    ("verl.trainer.main_ppo", "TaskRunnerV1.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
+    ("verl.trainer.main_ppo_v0", "TaskRunner.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
+    ("verl.utils.device", "auto_set_device", ("config",), "light_driver.py's host, as verl's driver"),
+    ("verl.utils.config", "validate_config", ("config", "use_reference_policy", "use_critic"), "light_driver.py's host"),
     ("verl.checkpoint_engine.base", "ColocatedCheckpointEngine", None, "cpu_backend"),
 )
 

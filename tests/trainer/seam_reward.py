@@ -41,10 +41,13 @@ async def delayed(data_source, solution_str, ground_truth, extra_info=None, **kw
     return {"score": float(ground_truth), "verdict": "ok", "part": float(ground_truth)}  # part: a GDPO component
 
 
-async def slow_some(data_source, solution_str, ground_truth, extra_info=None, slow_share=0.15, slow_s=1.5, **kwargs):
+async def slow_some(data_source, solution_str, ground_truth, extra_info=None, slow_share=0.15, slow_s=6.0, **kwargs):
     """``compute_score`` without failures, but about ``slow_share`` of the responses (the same hash as
     the failures) answer after ``slow_s`` seconds: a batch's training starts with some groups still
-    out and the rest in hand, so the pipeline meets mini-batches that are scored already."""
+    out and the rest in hand, so the pipeline meets mini-batches that are scored already. Each
+    response is scored as its rollout finishes, so ``slow_s`` must outlast the rest of the step's
+    generation and old-log-prob pass (~2.3 s here; 1.5 s let a slow CI machine finish every slow
+    answer before training began, and the step then trained whole)."""
     import asyncio
 
     if fails(solution_str, slow_share):

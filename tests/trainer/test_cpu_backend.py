@@ -69,7 +69,7 @@ def test_batched_sampler_logprobs_match_a_full_forward(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl_async_rm.cpu_backend.rollout import sample_batch
+    from verl_async_rm.cpu_backend.server import sample_batch
     from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_model(str(tmp_path / "m")), attn_implementation="eager")

@@ -86,7 +86,7 @@ RUNS = {
                                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
                                *[f"algorithm.kl_ctrl.{k}={v}" for k, v in ADAPTIVE_KL.items()]], critic=True),
     ("v0", "baseline_e2"): dict(flags=[*NO_FAILURES, "actor_rollout_ref.actor.ppo_epochs=2"], deterministic=True, steps=2, save_freq=2),
-    # The pipeline as users run it (no split_scored_batches): some responses answer 1.5 s late, so a
+    # The pipeline as users run it (no split_scored_batches): some responses answer 6 s late, so a
     # step starts with mini-batches scored and others not; those found scored share an update call.
     ("v0", "pipeline_merged"): dict(flags=["reward.custom_reward_function.name=slow_some", "mini_batch_pipeline=true",
                                            *INDEX_ORDER], deterministic=True, steps=4, save_freq=2),

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV, router
-from .names import NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .names import LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 from .finish_marker import FINISHED_ENV
 from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
+OUR_ENTRY = "verl_async_rm.main_ppo"  # ours: verl's plus our settings and strategies
 
 
 @dataclass
@@ -74,6 +75,10 @@ class CPURunConfig:
     # Wait after the validation before step 1 until RunningTrainer.open_gate() (start_gate.py): lets
     # several runs start up together and then train one at a time (the demo).
     start_gate: bool = False
+    # Drive the run without importing verl in the driver process (light_driver.py): ~6 CPU-s less a
+    # run, which counts when several runs start together (the demo). Needs entry_module
+    # "verl_async_rm.main_ppo"; tests keep verl's own driver.
+    light_driver: bool = False
 
 
 @dataclass
@@ -232,6 +237,10 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
             f"+trainer.v1.sampler.sampler_kwargs.poll_interval={cfg.v1_poll_interval_s}",
             f"+trainer.v1.sampler.sampler_kwargs.train_batch_size={cfg.train_batch_size}",
         ]
+    if cfg.light_driver:
+        from .light_driver import verl_config_searchpath
+
+        ov.append(verl_config_searchpath())
     return ov + list(cfg.extra_overrides)
 
 
@@ -258,6 +267,12 @@ def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = Non
         env.pop(NO_WEIGHT_SYNC_ENV, None)
     else:
         env[NO_WEIGHT_SYNC_ENV] = "1"
+    if cfg.light_driver:
+        if cfg.entry_module != OUR_ENTRY:
+            raise ValueError(f"light_driver needs entry_module={OUR_ENTRY!r}, not {cfg.entry_module!r}")
+        env[LIGHT_DRIVER_ENV] = "1"
+    else:
+        env.pop(LIGHT_DRIVER_ENV, None)
     env.update(cfg.extra_env)
     return env
 

@@ -2,16 +2,16 @@
 
 Ray imports an actor class's module in every process that receives a handle to the actor (to read
 its methods), not only in the actor's own process. verl hands the rollout server's handle to its
-router's process; had the actor class been ``rollout.HFCPUServer`` (whose module imports torch,
-transformers and verl), that process would spend ~5 CPU-s importing them (8 with five runs starting
+router's process; had the actor class been the server's own (whose module imports torch and
+transformers, and then imported verl too), that process would spend ~5 CPU-s importing them (8 with five runs starting
 on 2 cores: ``bench/startup_profile.py``), only to pass the handle on. So the actor is this thin
-class: its constructor builds ``rollout.HFCPUServer`` in the actor's own process, and each method
+class: its constructor builds ``server.HFCPUServer`` in the actor's own process, and each method
 awaits the server's.
 """
 
 from __future__ import annotations
 
-# rollout.HFCPUServer's public methods (all coroutines): what verl and the adapter call on the
+# server.HFCPUServer's public methods (all coroutines): what verl and the adapter call on the
 # server's handle (tests/test_cpu_router.py checks the list against the class).
 METHODS = ("generate", "update_weights", "set_global_steps", "get_state", "wake_up", "sleep", "clear_kv_cache",
            "release_kv_cache", "resume_kv_cache", "wait_for_requests_to_drain", "abort_all_requests",
@@ -22,7 +22,7 @@ class HFCPUServerActor:
     """Ray actor of one ``hf_cpu`` rollout server; the methods of :data:`METHODS` are added below."""
 
     def __init__(self, *args, **kwargs) -> None:
-        from .rollout import HFCPUServer  # torch, transformers, verl: in this actor's process only
+        from .server import HFCPUServer  # torch and transformers: in this actor's process only
 
         self._server = HFCPUServer(*args, **kwargs)
 
