@@ -140,8 +140,8 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.trainer.constants_ppo", "PPO_RAY_RUNTIME_ENV", None, "light_driver.py: its env vars"),
     ("verl.trainer.main_ppo", "TaskRunnerV1.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
     ("verl.trainer.main_ppo_v0", "TaskRunner.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
-    ("verl.utils.device", "auto_set_device", ("config",), "light_driver.py's host, as verl's driver"),
-    ("verl.utils.config", "validate_config", ("config", "use_reference_policy", "use_critic"), "light_driver.py's host"),
+    ("verl.utils.device", "auto_set_device", ("config",), "main_ppo.check_as_verls_driver (our v0 driver, light_driver.py's host)"),
+    ("verl.utils.config", "validate_config", ("config", "use_reference_policy", "use_critic"), "main_ppo.check_as_verls_driver"),
     ("verl.checkpoint_engine.base", "ColocatedCheckpointEngine", None, "cpu_backend"),
 )
 

@@ -3,8 +3,8 @@
 Ray imports an actor class's module in every process that receives a handle to the actor (to read
 its methods), not only in the actor's own process. verl hands the rollout server's handle to its
 router's process; had the actor class been the server's own (whose module imports torch and
-transformers, and then imported verl too), that process would spend ~5 CPU-s importing them (8 with five runs starting
-on 2 cores: ``bench/startup_profile.py``), only to pass the handle on. So the actor is this thin
+transformers, and then imported verl too), that process would spend ~5 CPU-s importing them (8 with
+five runs starting on 2 cores: ``bench/startup_profile.py``), only to pass the handle on. So the actor is this thin
 class: its constructor builds ``server.HFCPUServer`` in the actor's own process, and each method
 awaits the server's.
 """
