@@ -31,6 +31,7 @@ from verl_async_rm import demo
 from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer, prepare_assets
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED = "shared Ray cluster"
 
 
 def process_name(cmdline: list[str]) -> str:
@@ -55,35 +56,45 @@ def loads_torch(pid: int) -> bool:
         return False
 
 
-def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
-    """Start ``modes``' runs together, as the demo does, each frozen at its gate as it arrives (so a
-    parked run takes no CPU from the others); the CPU seconds of each process when all are parked."""
+def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool = True) -> dict:
+    """Start ``modes``' runs together, as the demo does (on one shared Ray cluster unless not
+    ``share_ray``), each frozen at its gate as it arrives (so a parked run takes no CPU from the
+    others); the CPU seconds of each process when all are parked. The shared cluster's own
+    processes (its holder and Ray's daemons) count as the lane ``shared Ray cluster``."""
     with tempfile.TemporaryDirectory(prefix="startup_profile") as tmp:
         out = Path(tmp)
         assets = prepare_assets(CPURunConfig(out_dir=str(out / "assets")))
         judge = demo.uniform_judge((0.05, 2.0))
         machine_before = psutil.cpu_times()
         started = time.monotonic()
-        lanes = {mode: RunningTrainer(demo.lane_config(out / mode, assets, mode, 8, 0, judge, trainer, start_gate=True))
-                 for mode in modes}
+        cluster = demo.shared_cluster(len(modes)) if share_ray else None
+        lanes: dict[str, RunningTrainer] = {}
         seen: dict[tuple[str, int], tuple[str, float]] = {}
+
+        def sample(lane_name: str, procs: list) -> None:
+            for proc in procs:
+                try:
+                    times = proc.cpu_times()
+                    seen[lane_name, proc.pid] = (process_name(proc.cmdline()), times.user + times.system
+                                                 + times.children_user + times.children_system)
+                except psutil.Error:
+                    pass
+
         try:
+            for mode in modes:
+                lanes[mode] = RunningTrainer(demo.lane_config(out / mode, assets, mode, 8, 0, judge, trainer,
+                                                              start_gate=True, ray_address=cluster and cluster.address))
             while True:
+                claimed: set[int] = set()
                 for mode, lane in lanes.items():
-                    try:
-                        root = psutil.Process(lane.proc.pid)
-                        procs = [root, *root.children(recursive=True)]
-                    except psutil.NoSuchProcess:
-                        procs = []
-                    for proc in procs:
-                        try:
-                            times = proc.cpu_times()
-                            seen[mode, proc.pid] = (process_name(proc.cmdline()), times.user + times.system
-                                                    + times.children_user + times.children_system)
-                        except psutil.Error:
-                            pass
+                    procs = lane.processes()
+                    claimed |= {p.pid for p in procs}
+                    sample(mode, procs)
                     if lane.at_gate:
                         lane.freeze()
+                if cluster is not None:
+                    holder = psutil.Process(cluster.proc.pid)
+                    sample(SHARED, [p for p in [holder, *holder.children(recursive=True)] if p.pid not in claimed])
                 if all(lane.at_gate or lane.poll() for lane in lanes.values()):
                     break
                 time.sleep(poll_s)
@@ -96,6 +107,8 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
         finally:
             for lane in lanes.values():
                 lane.close()
+            if cluster is not None:
+                cluster.close()
     by_name: dict[str, dict] = {}
     by_lane: dict[str, float] = {}
     for (mode, pid), (name, cpu) in seen.items():
@@ -106,7 +119,8 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2) -> dict:
         by_lane[mode] = round(by_lane.get(mode, 0.0) + cpu, 2)
     busy = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("user", "nice", "system", "irq", "softirq"))
     idle = sum(getattr(machine, f) - getattr(machine_before, f) for f in ("idle", "iowait"))
-    return {"modes": modes, "trainer": trainer, "wall_to_gate_s": round(wall, 1),
+    return {"modes": modes, "trainer": trainer, "ray_clusters": "shared" if share_ray else "per_run",
+            "wall_to_gate_s": round(wall, 1),
             "cpu_s": round(sum(e["cpu_s"] for e in by_name.values()), 1),
             # the whole machine over the same interval: CPU-bound start-ups leave ~no idle time
             "machine_busy_s": round(busy, 1), "machine_idle_s": round(idle, 1),
@@ -119,12 +133,14 @@ def main() -> None:
     parser.add_argument("--modes", default="both",
                         help=f"comma-separated runs started together (the demo's: {','.join(demo.DEFAULT_MODES)})")
     parser.add_argument("--trainer", default="v0", choices=["v0", "v1"])
+    parser.add_argument("--ray-clusters", choices=("shared", "per_run"), default="shared",
+                        help="the runs share one Ray cluster (the demo's default) or each starts its own")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "startup_profile.json"))
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(demo.MODES) or len(set(modes)) != len(modes):
         parser.error(f"--modes: distinct runs of {list(demo.MODES)}, got {args.modes!r}")
-    result = profile(modes, args.trainer)
+    result = profile(modes, args.trainer, share_ray=args.ray_clusters == "shared")
     result |= {"command": " ".join(["python", "bench/startup_profile.py", *sys.argv[1:]]),
                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}}
     print(f"{','.join(modes)} ({args.trainer}): all at their start gates after {result['wall_to_gate_s']} s, "

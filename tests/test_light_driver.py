@@ -25,15 +25,18 @@ BOTH = ["mini_batch_pipeline=true", "off_policy_steps=1"]
 IMPORT_SIDE_EFFECTS = {"TORCH_CUDA_ARCH_LIST"}  # set in os.environ by importing verl (see below)
 
 
-def launcher_config(tmp_path, trainer: str, strategy: list[str], deterministic: bool = False):
+def launcher_config(tmp_path, trainer: str, strategy: list[str], deterministic: bool = False,
+                    ray_address: str | None = None, runtime_env_vars: dict | None = None):
     """What ``python -m verl_async_rm.main_ppo`` composes and prepares for a CPU launcher run."""
     from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings, prepare
 
     cfg = CPURunConfig(out_dir=str(tmp_path), trainer=trainer, model_dir=str(tmp_path / "model"), train_file="t.parquet",
                        val_file="v.parquet", reward_manager="async_agent", deterministic=deterministic,
-                       entry_module="verl_async_rm.main_ppo", extra_overrides=strategy, light_driver=True)
+                       entry_module="verl_async_rm.main_ppo", extra_overrides=strategy, light_driver=True,
+                       ray_address=ray_address)
+    overrides = build_overrides(cfg, ray_tmp_dir="/tmp/x", runtime_env_vars=runtime_env_vars)
     with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
-        return prepare(compose(CONFIG_NAME, overrides=accept_recipe_spellings(build_overrides(cfg, ray_tmp_dir="/tmp/x"))))
+        return prepare(compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides)))
 
 
 class _Stop(Exception):
@@ -93,6 +96,21 @@ def test_same_ray_init_environment_and_runner_as_verls_driver(tmp_path, trainer,
     runner = verls["runner"]
     assert light_driver.runner_class(task_runner(config)) is runner.__ray_actor_class__
     assert ray.remote(light_driver.TaskRunnerHost)._default_options == runner._default_options
+
+
+def test_a_run_on_a_shared_cluster_connects_as_verls_driver_would(tmp_path):
+    # shared_cluster.py: the run is a job on a running cluster; its environment rides in the runtime env
+    config = launcher_config(tmp_path, "v0", BOTH, ray_address="192.0.2.2:6380",
+                             runtime_env_vars={"VERL_FILE_LOGGER_PATH": "/o/metrics-0.jsonl"})
+    environ = build_env(CPURunConfig(out_dir=str(tmp_path)), metrics_path="/tmp/m.jsonl")
+    environ.pop(light_driver.JOB_CONFIG_ENV, None)
+    verls = verl_driver(copy.deepcopy(config), environ)
+    ours = dict(environ)
+    light_driver.prepare_environ(config, ours)
+    kwargs = light_driver.ray_init_kwargs(config, ours)
+    assert kwargs == verls["kwargs"]
+    assert kwargs["address"] == "192.0.2.2:6380" and kwargs.get("num_cpus") is None and "num_gpus" not in kwargs
+    assert kwargs["runtime_env"]["env_vars"]["VERL_FILE_LOGGER_PATH"] == "/o/metrics-0.jsonl"
 
 
 def test_runtime_env_follows_verls_rules_for_variables_already_set():

@@ -46,6 +46,7 @@ from verl_async_rm.cpu_backend.launch import (
     run,
     toy_reward_path,
 )
+from verl_async_rm.cpu_backend.shared_cluster import SharedCluster
 from verl_async_rm.cpu_backend.start_gate import passed_marker
 from verl_async_rm.cpu_backend.toy_task import JUDGE_LOG_ENV
 
@@ -225,10 +226,19 @@ def instant_judge(judge: dict) -> dict:
             "hang_prob": 0.0, "fail_prob": 0.0}
 
 
+# Ray starts idle workers per new cluster and driver that verl never uses (each ~1 CPU-s, 100 MB).
+RAY_SETTINGS = {"RAY_prestart_worker_first_driver": "0"}
+# verl's placement groups ask one (fake) GPU per run; Ray's logical CPUs per run as CPURunConfig's
+RUN_RAY_CPUS = 8
+
+
 def lane_config(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, judge: dict,
-                trainer: str = "v0", start_gate: bool = False, extra_overrides: list[str] = ()) -> CPURunConfig:
+                trainer: str = "v0", start_gate: bool = False, extra_overrides: list[str] = (),
+                ray_address: str | None = None) -> CPURunConfig:
     """One training run of ``mode``. Validation before step 1 absorbs the one-time warm-up (first
-    generation: ~9 s here), so step times are steady-state and comparable between runs."""
+    generation: ~9 s here), so step times are steady-state and comparable between runs. With
+    ``ray_address`` the run is a job on that shared cluster (:func:`shared_cluster`), which carries
+    :data:`RAY_SETTINGS`; otherwise it starts a cluster of its own with them."""
     JudgeModel.from_kwargs(judge)  # a bad judge fails here, not as failed rewards inside the run
     judge = instant_judge(judge) if mode == "zero_latency" else judge
     return CPURunConfig(
@@ -238,9 +248,16 @@ def lane_config(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: in
         reward_kwargs=judge, reward_manager="async_agent", timeout_s=1800, start_gate=start_gate,
         light_driver=True,  # five drivers start together: ~6 CPU-s less each (cpu_backend/light_driver.py)
         extra_overrides=[*SHAPE, *MODES[mode], "reward.async_agent.max_concurrency=64", *extra_overrides],
-        # Ray starts two idle workers per new cluster that verl never uses (each ~1 CPU-s, 100 MB).
-        extra_env={JUDGE_LOG_ENV: str(Path(out).absolute() / "judge_calls.jsonl"), "RAY_prestart_worker_first_driver": "0"},
+        extra_env={JUDGE_LOG_ENV: str(Path(out).absolute() / "judge_calls.jsonl"),
+                   **({} if ray_address else RAY_SETTINGS)},
+        num_cpus=RUN_RAY_CPUS, ray_address=ray_address,
     )
+
+
+def shared_cluster(n_runs: int) -> SharedCluster:
+    """One Ray cluster for ``n_runs`` lanes starting together: one set of Ray's daemons instead of
+    one a lane (~5 CPU-s each on a usual hour: shared_cluster.py)."""
+    return SharedCluster(num_cpus=RUN_RAY_CPUS * n_runs, num_gpus=n_runs, ray_settings=RAY_SETTINGS)
 
 
 def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, latency: tuple[float, float],
@@ -254,9 +271,10 @@ def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, 
 
 
 # One CPU run's processes (Ray's daemons, the trainer and ~6 workers), GiB, with ~20% margin: measured
-# as the drop in available memory with five demo lanes at their gates, 2.2 GiB a lane since the light
-# driver (2.9 before; ``memory_per_run_at_gate_gib`` in demo.json; their RSS sums read 3.3-3.8 GB:
-# each process counts the shared torch/verl libraries again).
+# as the drop in available memory with five demo lanes at their gates, 2.2 GiB a lane with a Ray
+# cluster each since the light driver (2.9 before), 1.9 on one shared cluster (``memory_per_run_at_gate_gib``
+# in demo.json; their RSS sums read 2.7-3.8 GB: each process counts the shared torch/verl libraries
+# again). Sized for --ray-clusters per_run.
 RUN_MEMORY_GB = 2.7
 MEMORY_HEADROOM = 0.15  # of total memory left free: Ray's memory monitor kills workers above 95% use
 
@@ -276,13 +294,10 @@ def _available_gib() -> float:
     return psutil.virtual_memory().available / 2**30
 
 
-def tree_rss_mb(pid: int) -> float:
+def rss_mb(procs: list) -> float:
+    """Summed RSS of ``procs`` (psutil processes; those gone count nothing)."""
     import psutil
 
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
     total = 0
     for p in procs:
         try:
@@ -300,22 +315,24 @@ def _lane_say(mode: str, progress: bool):
 
 def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, seed: int, judge: dict, trainer: str,
               progress: bool, parallel_startups: int, poll_s: float = 0.2,
-              extra_overrides: list[str] = ()) -> dict[str, ModeResult]:
-    """Start up to ``parallel_startups`` runs together; once all of them wait at their start gates,
-    let them train one at a time, in ``modes`` order, each after the previous one has ended (its processes gone)."""
+              extra_overrides: list[str] = (), share_ray: bool = True) -> dict[str, ModeResult]:
+    """Start up to ``parallel_startups`` runs together (on one shared Ray cluster unless not
+    ``share_ray``); once all of them wait at their start gates, let them train one at a time, in
+    ``modes`` order, each after the previous one has ended (its processes gone)."""
     results: dict[str, ModeResult] = {}
     for first in range(0, len(modes), parallel_startups):
         group = modes[first:first + parallel_startups]
         lanes: dict[str, RunningTrainer] = {}
         available_before = _available_gib()
+        cluster = shared_cluster(len(group)) if share_ray else None
         try:
             for mode in group:
                 cfg = lane_config(out / mode, assets, mode, steps, seed, judge, trainer, start_gate=True,
-                                  extra_overrides=extra_overrides)
+                                  extra_overrides=extra_overrides, ray_address=cluster and cluster.address)
                 lanes[mode] = RunningTrainer(cfg, say=_lane_say(mode, progress))
             print(f"starting {', '.join(group)} together (Ray, workers, validation)...", flush=True)
             park_at_gates(list(lanes.values()), poll_s)
-            rss_mb = {mode: tree_rss_mb(lane.proc.pid) for mode, lane in lanes.items()}
+            rss_at_gate = {mode: rss_mb(lane.processes()) for mode, lane in lanes.items()}
             # what a run really takes (RUN_MEMORY_GB is counted from it): RSS sums count the shared
             # torch/verl libraries once per process, the drop in available memory does not
             memory_per_run_gib = (available_before - _available_gib()) / len(group)
@@ -337,7 +354,7 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
                                     "gate_wait_s": round(lane.gate_opened_s - lane.gate_reached_s, 2),
                                     "train_s": round(lane.ended_s - lane.gate_opened_s, 2),
                                     "loop_s": round(mode_result.loop_time, 2),
-                                    "rss_at_gate_mb": round(rss_mb[mode]),
+                                    "rss_at_gate_mb": round(rss_at_gate[mode]),
                                     "memory_per_run_at_gate_gib": round(memory_per_run_gib, 2),
                                     # Unix times: the loop passed the gate; the trainer had ended (its processes gone)
                                     "loop_started_at": loop_start, "ended_at": time.time()}
@@ -345,12 +362,14 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
         finally:
             for lane in lanes.values():
                 lane.close()
+            if cluster is not None:
+                cluster.close()
     return results
 
 
 def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, modes: list[str], progress: bool,
              *, judge: dict | None = None, trainer: str = "v0", parallel_startups: int | None = None,
-             request_timeout: float | None = None) -> dict:
+             request_timeout: float | None = None, share_ray: bool = True) -> dict:
     judge = judge or uniform_judge(latency)
     started = time.monotonic()
     assets = prepare_assets(CPURunConfig(out_dir=str(out / "assets"), seed=seed))
@@ -360,7 +379,7 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
     overrides = [f"reward.async_agent.request_timeout={request_timeout}"] if request_timeout else []
     parallel_startups = parallel_startups or default_parallel_startups(len(modes))
     results = run_lanes(out, assets, modes, steps, seed, judge, trainer, progress, parallel_startups,
-                        extra_overrides=overrides)
+                        extra_overrides=overrides, share_ray=share_ray)
     rows = table(results)
     picture = out / "timeline.png"
     draw_timeline(results, picture)
@@ -374,6 +393,7 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
                      "judge_calls": [[round(a, 3), round(b, 3)] for a, b in r.judge_calls], "wall": r.wall}
                  for m, r in results.items()},
         "wall_breakdown_s": {"assets": round(assets_s, 2), "parallel_startups": parallel_startups},
+        "ray_clusters": "shared" if share_ray else "per_run",
         "timeline": str(picture),
     }
 
@@ -428,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel-startups", type=int, default=None,
                         help=f"how many runs start up at once (default: as many as free memory holds, "
                              f"~{RUN_MEMORY_GB:g} GB each)")
+    parser.add_argument("--ray-clusters", choices=("shared", "per_run"), default="shared",
+                        help="runs starting together share one Ray cluster (default), or each starts its own")
     parser.add_argument("--out", help="output folder (default: a new temp folder)")
     parser.add_argument("--json", help="also write the results JSON here")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
@@ -458,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     report = run_demo(out, args.steps, (args.latency_lo, args.latency_hi), args.seed, modes, not args.quiet,
                       judge=judge_kwargs, trainer=args.trainer, parallel_startups=args.parallel_startups,
-                      request_timeout=request_timeout)
+                      request_timeout=request_timeout, share_ray=args.ray_clusters == "shared")
     report["wall_time_s"] = round(time.time() - started, 1)
     print()
     print_table(report["table"])

@@ -1,5 +1,6 @@
-"""The training demo, short: three of its runs, two steps each, started together and trained one at
-a time; table, JSON, the wall-time breakdown and the timeline with judge calls in flight produced."""
+"""The training demo, short: three of its runs, two steps each, started together on one shared Ray
+cluster and trained one at a time; table, JSON, the wall-time breakdown and the timeline with judge
+calls in flight produced, and nothing left running."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 def test_demo_runs_and_reports(tmp_path):
     cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", "2", "--latency-hi", "0.5", "--quiet",
            "--modes", "zero_latency,baseline,both", "--out", str(tmp_path)]
+    clusters_before = _processes_mentioning("/tmp/vrs")  # shared clusters' temp dirs (shared_cluster.py)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads((tmp_path / "demo.json").read_text())
@@ -36,3 +38,24 @@ def test_demo_runs_and_reports(tmp_path):
     loop = sum(both["step_times"])
     assert all(0 <= start <= end <= loop + 5 for start, end in both["judge_calls"])
     assert "hidden" in result.stdout and "timeline:" in result.stdout
+    # The lanes ran as jobs of one shared Ray cluster, and the demo left no process of theirs or of it.
+    assert report["ray_clusters"] == "shared"
+    assert not _processes_mentioning(str(tmp_path)) and _processes_mentioning("/tmp/vrs") == clusters_before
+
+
+def _processes_mentioning(text: str) -> list:
+    """Live processes naming ``text`` on their command line or in an environment value (a lane's
+    workers carry their run's paths there; the shared cluster's daemons its temp dir)."""
+    import os
+
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != os.getpid() and (any(text in a for a in p.info["cmdline"] or [])
+                                                  or any(text in v for v in p.environ().values())):
+                found.append((p.pid, p.info["cmdline"]))
+        except psutil.Error:
+            pass
+    return found

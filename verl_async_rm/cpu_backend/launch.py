@@ -22,11 +22,12 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV, router
 from .names import LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 from .finish_marker import FINISHED_ENV
+from .processes import kill_tree, marked_processes, process_tree, reap_leftovers, signal_run
 from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
@@ -79,6 +80,10 @@ class CPURunConfig:
     # run, which counts when several runs start together (the demo). Needs entry_module
     # "verl_async_rm.main_ppo"; tests keep verl's own driver.
     light_driver: bool = False
+    # Run as a job on this running Ray cluster (shared_cluster.SharedCluster.address) instead of a
+    # cluster of its own: several runs then share one set of Ray daemons (the demo). num_cpus is
+    # the cluster's business then.
+    ray_address: Optional[str] = None
 
 
 @dataclass
@@ -139,8 +144,12 @@ def _hydra_value(value: Any) -> str:
     raise TypeError(f"cannot express {value!r} as a hydra override")
 
 
-def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replica_log: Optional[str] = None) -> list[str]:
-    """Hydra overrides for verl's ppo_trainer config that make the real trainer run on CPU."""
+def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replica_log: Optional[str] = None,
+                    runtime_env_vars: Optional[dict[str, str]] = None) -> list[str]:
+    """Hydra overrides for verl's ppo_trainer config that make the real trainer run on CPU.
+
+    ``runtime_env_vars``: more variables for the run's Ray runtime env (a run on a shared cluster
+    passes its environment this way: :func:`job_runtime_env_vars`)."""
     if cfg.trainer not in ("v0", "v1"):
         raise ValueError(f"trainer must be 'v0' or 'v1', got {cfg.trainer!r}")
     if cfg.model_dir is None or cfg.train_file is None or cfg.val_file is None:
@@ -206,22 +215,26 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
         f"trainer.resume_mode={'auto' if cfg.resume else 'disable'}",
         # v1 stores batches in TransferQueue; 8 storage actors never get scheduled on a small box
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        # Ray: a fresh local cluster with one fake GPU for verl's placement groups
-        "+ray_kwargs.ray_init.address=local",
-        f"ray_kwargs.ray_init.num_cpus={cfg.num_cpus}",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        "+ray_kwargs.ray_init.include_dashboard=false",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}='1'",
     ]
+    if cfg.ray_address:
+        # a job on a running cluster (shared_cluster.py): Ray refuses cluster settings when connecting
+        ov.append(f"+ray_kwargs.ray_init.address={_hydra_value(cfg.ray_address)}")
+    else:
+        # Ray: a fresh local cluster with one fake GPU for verl's placement groups
+        ov += ["+ray_kwargs.ray_init.address=local", f"ray_kwargs.ray_init.num_cpus={cfg.num_cpus}",
+               "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.include_dashboard=false"]
+        if ray_tmp_dir:
+            ov.append(f"+ray_kwargs.ray_init._temp_dir={ray_tmp_dir}")
+    env_vars = {ENV_FLAG: "1", **(runtime_env_vars or {})}
     if ray_tmp_dir:
-        ov.append(f"+ray_kwargs.ray_init._temp_dir={ray_tmp_dir}")
-        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{TMP_DIR_ENV}={ray_tmp_dir}")
+        env_vars[TMP_DIR_ENV] = ray_tmp_dir
     if replica_log:
-        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{REPLICA_LOG_ENV}={replica_log}")
+        env_vars[REPLICA_LOG_ENV] = replica_log
+    if not cfg.weight_sync:
+        env_vars[NO_WEIGHT_SYNC_ENV] = "1"
+    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_hydra_value(str(value))}" for key, value in env_vars.items()]
     if cfg.deterministic:
         ov.append("actor_rollout_ref.rollout.full_determinism=true")
-    if not cfg.weight_sync:
-        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{NO_WEIGHT_SYNC_ENV}='1'")
     if cfg.reward_kwargs:
         ov.append(f"+reward.custom_reward_function.reward_kwargs={_hydra_value(cfg.reward_kwargs)}")
     if cfg.reward_manager:
@@ -244,15 +257,16 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
     return ov + list(cfg.extra_overrides)
 
 
-def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if tmp_dir:
-        env[TMP_DIR_ENV] = tmp_dir
-    env.pop("RAY_ADDRESS", None)  # never attach to another cluster (e.g. a test session's)
+def base_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment every CPU run's processes share (a shared cluster's too: its raylet starts
+    the workers with it): ``environ`` (default ours) without another cluster's address or a run's
+    own settings, plus quiet, offline, single-threaded defaults."""
+    env = dict(os.environ if environ is None else environ)
+    for run_own in ("RAY_ADDRESS", TMP_DIR_ENV, NO_WEIGHT_SYNC_ENV, LIGHT_DRIVER_ENV):
+        env.pop(run_own, None)  # RAY_ADDRESS: never attach to another cluster (e.g. a test session's)
     env.update(
         {
             ENV_FLAG: "1",
-            "VERL_FILE_LOGGER_PATH": metrics_path,
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
             "TOKENIZERS_PARALLELISM": "false",
@@ -263,16 +277,39 @@ def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = Non
             "TRANSFORMERS_OFFLINE": "1",
         }
     )
-    if cfg.weight_sync:
-        env.pop(NO_WEIGHT_SYNC_ENV, None)
-    else:
+    return env
+
+
+def job_runtime_env_vars(run_env: Mapping[str, str], common_env: Mapping[str, str]) -> dict[str, str]:
+    """The variables a run's workers need in their job's runtime env: those its environment sets
+    differently from ``common_env``, the environment the shared cluster was started with
+    (``launch.base_env()``; its raylet starts every worker with that, not with the run driver's).
+
+    Ray's own settings (``RAY_*``) are read by the cluster's daemons when they start: a run cannot
+    change them, so one that differs is refused rather than silently ignored. Nor can a runtime env
+    unset a variable: one the cluster has and the run lacks is refused too."""
+    ray_settings = sorted(k for k in set(run_env) | set(common_env)
+                          if k.startswith("RAY_") and run_env.get(k) != common_env.get(k))
+    if ray_settings:
+        raise ValueError(f"a run on a shared Ray cluster cannot change Ray's settings {ray_settings}: "
+                         "set them on the cluster (SharedCluster(ray_settings=...))")
+    unset = sorted(set(common_env) - set(run_env))
+    if unset:
+        raise ValueError(f"a run on a shared Ray cluster cannot unset {unset}: the cluster's workers have them")
+    return {k: v for k, v in run_env.items() if common_env.get(k) != v}
+
+
+def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = None) -> dict[str, str]:
+    env = base_env()
+    if tmp_dir:
+        env[TMP_DIR_ENV] = tmp_dir
+    env["VERL_FILE_LOGGER_PATH"] = metrics_path
+    if not cfg.weight_sync:
         env[NO_WEIGHT_SYNC_ENV] = "1"
     if cfg.light_driver:
         if cfg.entry_module != OUR_ENTRY:
             raise ValueError(f"light_driver needs entry_module={OUR_ENTRY!r}, not {cfg.entry_module!r}")
         env[LIGHT_DRIVER_ENV] = "1"
-    else:
-        env.pop(LIGHT_DRIVER_ENV, None)
     env.update(cfg.extra_env)
     return env
 
@@ -325,82 +362,6 @@ def _describe(entry: dict) -> str:
     return " ".join(parts)
 
 
-def _process_tree(proc: subprocess.Popen) -> list:
-    """The trainer and everything it started (Ray GCS, raylet, workers), by pid."""
-    import psutil
-
-    try:
-        parent = psutil.Process(proc.pid)
-        return parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _ray_processes(ray_tmp_dir: str) -> list:
-    """Ray processes of *this* run, wherever they are parented (they mention its temp dir)."""
-    import psutil
-
-    me, found = os.getpid(), []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["pid"] != me and any(ray_tmp_dir in (a or "") for a in (p.info["cmdline"] or [])):
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen, grace_s: float = 10) -> None:
-    """End the trainer and everything it started: SIGTERM, then SIGKILL after ``grace_s`` (0: at once)."""
-    import psutil
-
-    procs = _process_tree(proc)
-    if grace_s > 0:
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s) if grace_s > 0 else ([], procs)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    # gone (and reaped: psutil waits on its children) before the caller goes on: the next run the
-    # demo lets train must not share the cores with this one's exit
-    psutil.wait_procs(alive, timeout=10)
-
-
-def _signal_run(proc: subprocess.Popen, ray_tmp_dir: str, sig: int) -> None:
-    """Send ``sig`` to every process of the run until no new one appears (a process started while we
-    signal is caught by the next pass)."""
-    import psutil
-
-    done: set[int] = set()
-    for _ in range(5):
-        fresh = {p.pid: p for p in _process_tree(proc) + _ray_processes(ray_tmp_dir) if p.pid not in done}
-        if not fresh:
-            break
-        for pid, p in fresh.items():
-            try:
-                p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-            done.add(pid)
-
-
-def _reap_ray_leftovers(ray_tmp_dir: str) -> None:
-    """Kill Ray processes of *this* run that outlived the driver."""
-    import psutil
-
-    for p in _ray_processes(ray_tmp_dir):
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 class RunningTrainer:
     """A trainer subprocess started by :func:`start`: poll it, open its start gate, wait for it.
 
@@ -421,14 +382,18 @@ class RunningTrainer:
                      if cfg.start_gate else None)
         # Short path: Ray puts unix sockets under it (108-byte limit).
         self.ray_tmp_dir = tempfile.mkdtemp(prefix="vrc", dir="/tmp")
-        self.overrides = build_overrides(cfg, ray_tmp_dir=self.ray_tmp_dir, replica_log=self.replica_log)
-        cmd = [sys.executable, "-m", cfg.entry_module, *self.overrides]
         env = build_env(cfg, self.metrics_path, self.ray_tmp_dir)
         if self.gate:
             env[GATE_ENV] = self.gate
         # the trainer's "training finished" marker: the run ends there, not after Ray's teardown
         self.finished_marker = os.path.abspath(self.metrics_path.replace("metrics-", "finished-").replace(".jsonl", ""))
         env[FINISHED_ENV] = self.finished_marker
+        # On a shared cluster the workers are the shared raylet's children: the run's environment
+        # reaches them through its runtime env (on a cluster of its own they inherit the driver's).
+        job_env = job_runtime_env_vars(env, base_env()) if cfg.ray_address else None
+        self.overrides = build_overrides(cfg, ray_tmp_dir=self.ray_tmp_dir, replica_log=self.replica_log,
+                                         runtime_env_vars=job_env)
+        cmd = [sys.executable, "-m", cfg.entry_module, *self.overrides]
         if say:
             say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {self.log_path}")
         self.start_time = time.monotonic()
@@ -488,6 +453,11 @@ class RunningTrainer:
     def at_gate(self) -> bool:
         return self.gate_reached_s is not None and self.gate_opened_s is None
 
+    def processes(self) -> list:
+        """The run's live processes (psutil): its driver's tree and its Ray processes wherever they
+        are parented (processes.py)."""
+        return list({p.pid: p for p in process_tree(self.proc) + marked_processes(self.ray_tmp_dir)}.values())
+
     def freeze(self) -> None:
         """Stop every process of a run waiting at its gate (SIGSTOP) until :meth:`open_gate`.
 
@@ -499,11 +469,11 @@ class RunningTrainer:
             raise ValueError("only a run waiting at its start gate can be frozen")
         if not self.frozen:
             self.frozen = True
-            _signal_run(self.proc, self.ray_tmp_dir, signal.SIGSTOP)
+            signal_run(self.proc, self.ray_tmp_dir, signal.SIGSTOP)
 
     def thaw(self) -> None:
         if self.frozen:
-            _signal_run(self.proc, self.ray_tmp_dir, signal.SIGCONT)
+            signal_run(self.proc, self.ray_tmp_dir, signal.SIGCONT)
             self.frozen = False
 
     def open_gate(self) -> None:
@@ -526,11 +496,11 @@ class RunningTrainer:
         self.thaw()  # a stopped process would hold SIGTERM until continued
         if self.proc.poll() is None:
             # a finished run is only tearing down: nothing left to save, so no grace period
-            _kill_tree(self.proc, grace_s=0 if self.finished else 10)
+            kill_tree(self.proc, grace_s=0 if self.finished else 10)
         self._pump_thread.join(timeout=10)
         if not self._log.closed:
             self._log.close()
-        _reap_ray_leftovers(self.ray_tmp_dir)
+        reap_leftovers(self.ray_tmp_dir)
         shutil.rmtree(self.ray_tmp_dir, ignore_errors=True)
         if self.bar is not None:
             self.bar.close()
