@@ -5,6 +5,7 @@ environment, and leave nothing behind."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import psutil
@@ -142,3 +143,41 @@ def test_a_cluster_that_does_not_start_in_time_is_ended_with_all_it_started():
         SharedCluster(num_cpus=2, num_gpus=1, start_timeout_s=0.01)
     assert time.monotonic() - started < 40
     assert not _shared_cluster_pids() - before
+
+
+KILLED_PARENT = """
+import sys, time
+from verl_async_rm.cpu_backend.shared_cluster import SharedCluster
+cluster = SharedCluster(num_cpus=2, num_gpus=1)
+print(cluster.temp_dir, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_cluster_ends_when_the_process_that_started_it_is_killed():
+    # The holder reads its stdin until EOF: a parent killed with SIGKILL (no clean-up code runs) closes
+    # the pipe, and the holder shuts the cluster down (README, "What was cut": Ray's daemons).
+    import signal
+    import subprocess
+    import sys
+
+    from verl_async_rm.cpu_backend.processes import reap_leftovers
+
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    temp_dir = parent.stdout.readline().strip()
+    try:
+        assert temp_dir.startswith("/tmp/vrs") and marked_processes(temp_dir)  # the cluster runs
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while marked_processes(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not marked_processes(temp_dir)
+        deadline = time.monotonic() + 10
+        while os.path.exists(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(temp_dir)  # and its temp dir with them
+    finally:  # a failure must not leave a cluster behind for the rest of the session
+        parent.kill()
+        if temp_dir.startswith("/tmp/vrs"):
+            reap_leftovers(temp_dir)

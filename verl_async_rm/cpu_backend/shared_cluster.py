@@ -11,9 +11,12 @@ without colliding).
 
 The cluster is held by a small child process (``python -m verl_async_rm.cpu_backend.shared_cluster``)
 that starts it with ``ray.init`` and prints the address; it shuts the cluster down when its stdin
-closes, so the cluster ends with the launcher even if the launcher dies. The launcher finds a run's
-workers by the run's scratch dir in their environment (``RunningTrainer.processes``, processes.py),
-to freeze them at the start gate and to end them with the run.
+closes, so the cluster ends with the launcher even if the launcher is killed. Why not ``ray start
+--head``: its daemons outlive whatever started them, and its address is printed for people (or left
+in a file under its temp dir); ``ray.init`` in a child we hold by a pipe gives both for free. The
+launcher finds a run's workers by the run's scratch dir in their environment
+(``RunningTrainer.processes``, processes.py), to freeze them at the start gate and to end them with
+the run.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def hold(num_cpus: int, num_gpus: int, temp_dir: str) -> None:
         sys.stdin.read()
     finally:
         ray.shutdown()
+        # the launcher removes it too; this covers a launcher killed before its clean-up could run
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
