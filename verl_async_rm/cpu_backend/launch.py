@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional
 from . import ENV_FLAG, TMP_DIR_ENV, router
 from .names import LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 from .finish_marker import FINISHED_ENV
-from .processes import kill_tree, marked_processes, process_tree, reap_leftovers, signal_run
+from .processes import kill_tree, reap_leftovers, run_processes, signal_run
 from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
@@ -456,7 +456,7 @@ class RunningTrainer:
     def processes(self) -> list:
         """The run's live processes (psutil): its driver's tree and its Ray processes wherever they
         are parented (processes.py)."""
-        return list({p.pid: p for p in process_tree(self.proc) + marked_processes(self.ray_tmp_dir)}.values())
+        return run_processes(self.proc, self.ray_tmp_dir)
 
     def freeze(self) -> None:
         """Stop every process of a run waiting at its gate (SIGSTOP) until :meth:`open_gate`.

@@ -45,6 +45,11 @@ def marked_processes(scratch_dir: str) -> list:
     return found
 
 
+def run_processes(proc: subprocess.Popen, scratch_dir: str) -> list:
+    """Every live process of a run, once each: its driver's tree and its marked Ray processes."""
+    return list({p.pid: p for p in process_tree(proc) + marked_processes(scratch_dir)}.values())
+
+
 def kill_tree(proc: subprocess.Popen, grace_s: float = 10) -> None:
     """End the process and everything it started: SIGTERM, then SIGKILL after ``grace_s`` (0: at once)."""
     import psutil
@@ -80,7 +85,7 @@ def signal_run(proc: subprocess.Popen, scratch_dir: str, sig: int) -> None:
 
     done: set[int] = set()
     for _ in range(5):
-        fresh = {p.pid: p for p in process_tree(proc) + marked_processes(scratch_dir) if p.pid not in done}
+        fresh = {p.pid: p for p in run_processes(proc, scratch_dir) if p.pid not in done}
         if not fresh:
             break
         for pid, p in fresh.items():
