@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from verl_async_rm import demo
-from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer, prepare_assets
+from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = "shared Ray cluster"
@@ -63,7 +63,8 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
     processes (its holder and Ray's daemons) count as the lane ``shared Ray cluster``."""
     with tempfile.TemporaryDirectory(prefix="startup_profile") as tmp:
         out = Path(tmp)
-        assets = prepare_assets(CPURunConfig(out_dir=str(out / "assets")))
+        # as the demo: the first run to reach its TaskRunner builds the model and data (assets.py)
+        assets = CPURunConfig(out_dir=str(out / "assets"), assets_dir=str(out / "assets"))
         judge = demo.uniform_judge((0.05, 2.0))
         machine_before = psutil.cpu_times()
         started = time.monotonic()

@@ -38,6 +38,10 @@ def test_demo_runs_and_reports(tmp_path):
     loop = sum(both["step_times"])
     assert all(0 <= start <= end <= loop + 5 for start, end in both["judge_calls"])
     assert "hidden" in result.stdout and "timeline:" in result.stdout
+    # The model and data were built once, by a run's TaskRunner after its verl imports, not by the
+    # demo before the runs could start (cpu_backend/assets.py).
+    assert report["assets_built_by"] == "a run's TaskRunner" and 0 < report["wall_breakdown_s"]["assets_build"] < 60
+    assert len(list((tmp_path / "assets").glob("built-seed*.json"))) == 1
     # The lanes ran as jobs of one shared Ray cluster, and the demo left no process of theirs or of it.
     assert report["ray_clusters"] == "shared"
     assert not _processes_mentioning(str(tmp_path)) and _processes_mentioning("/tmp/vrs") == clusters_before

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV, router
 from .names import LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .assets import ASSETS_ENV, asset_paths, build_assets_once
 from .finish_marker import FINISHED_ENV
 from .processes import kill_tree, reap_leftovers, run_processes, signal_run
 from .start_gate import GATE_ENV, open_gate, waiting_marker
@@ -44,6 +45,11 @@ class CPURunConfig:
     model_dir: Optional[str] = None
     train_file: Optional[str] = None
     val_file: Optional[str] = None
+    # ... or built in this directory when none of the three is given, once among the runs sharing it
+    # (assets.py): with light_driver by the run itself, in its TaskRunner process, which imports torch
+    # and transformers anyway (the demo: its runs start without waiting for a build); else before the
+    # run starts.
+    assets_dir: Optional[str] = None
     # GRPO shape: train_batch_size prompts x rollout_n samples per step
     train_batch_size: int = 8
     rollout_n: int = 4
@@ -116,10 +122,15 @@ def toy_reward_path() -> str:
 
 
 def prepare_assets(cfg: CPURunConfig) -> CPURunConfig:
-    """Build the tiny model and the toy dataset under out_dir if the caller gave none."""
+    """Build the tiny model and the toy dataset if the caller gave none: in ``cfg.assets_dir`` if set
+    (once among processes sharing it), else under ``out_dir``."""
     from .tiny_model import build_tiny_model
     from .toy_task import write_dataset
 
+    if cfg.assets_dir is not None:
+        name_assets(cfg)
+        build_assets_once(cfg.assets_dir, cfg.seed)
+        return cfg
     os.makedirs(cfg.out_dir, exist_ok=True)
     if cfg.model_dir is None:
         cfg.model_dir = build_tiny_model(os.path.join(cfg.out_dir, "model"))
@@ -128,6 +139,21 @@ def prepare_assets(cfg: CPURunConfig) -> CPURunConfig:
         cfg.train_file = cfg.train_file or train
         cfg.val_file = cfg.val_file or val
     return cfg
+
+
+def name_assets(cfg: CPURunConfig) -> CPURunConfig:
+    """Point model_dir/train_file/val_file into ``cfg.assets_dir``, without building anything."""
+    paths = asset_paths(cfg.assets_dir, cfg.seed)
+    given = (cfg.model_dir, cfg.train_file, cfg.val_file)
+    if given != (None, None, None) and given != (paths.model_dir, paths.train_file, paths.val_file):
+        raise ValueError("give assets_dir or model_dir/train_file/val_file, not both")
+    cfg.model_dir, cfg.train_file, cfg.val_file = paths.model_dir, paths.train_file, paths.val_file
+    return cfg
+
+
+def builds_assets_in_run(cfg: CPURunConfig) -> bool:
+    """The run builds its assets itself (light_driver.TaskRunnerHost), after its verl imports."""
+    return cfg.assets_dir is not None and cfg.light_driver
 
 
 def _hydra_value(value: Any) -> str:
@@ -262,7 +288,7 @@ def base_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
     the workers with it): ``environ`` (default ours) without another cluster's address or a run's
     own settings, plus quiet, offline, single-threaded defaults."""
     env = dict(os.environ if environ is None else environ)
-    for run_own in ("RAY_ADDRESS", TMP_DIR_ENV, NO_WEIGHT_SYNC_ENV, LIGHT_DRIVER_ENV):
+    for run_own in ("RAY_ADDRESS", TMP_DIR_ENV, NO_WEIGHT_SYNC_ENV, LIGHT_DRIVER_ENV, ASSETS_ENV):
         env.pop(run_own, None)  # RAY_ADDRESS: never attach to another cluster (e.g. a test session's)
     env.update(
         {
@@ -310,6 +336,8 @@ def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = Non
         if cfg.entry_module != OUR_ENTRY:
             raise ValueError(f"light_driver needs entry_module={OUR_ENTRY!r}, not {cfg.entry_module!r}")
         env[LIGHT_DRIVER_ENV] = "1"
+    if builds_assets_in_run(cfg):
+        env[ASSETS_ENV] = json.dumps({"dir": os.path.abspath(cfg.assets_dir), "seed": cfg.seed})
     env.update(cfg.extra_env)
     return env
 
@@ -373,7 +401,10 @@ class RunningTrainer:
         check_installed_version()  # fail here, not as a swallowed plugin error inside the trainer
         if cfg.start_gate and not cfg.val_before_train:
             raise ValueError("start_gate needs val_before_train: the gate follows the validation before step 1")
-        prepare_assets(cfg)
+        if builds_assets_in_run(cfg):
+            name_assets(cfg)  # the run builds them: a start that waits for no import here
+        else:
+            prepare_assets(cfg)
         os.makedirs(cfg.out_dir, exist_ok=True)
         self.cfg, self.say, self.bar = cfg, say, bar
         self.metrics_path, self.log_path = _next_run_paths(cfg.out_dir)

@@ -8,6 +8,7 @@ composes the config (hydra, reading verl's config files without importing verl:
 :func:`verl_config_searchpath`) and calls ``ray.init`` with the kwargs verl's ``run_ppo`` would pass
 (:func:`ray_init_kwargs`), and one actor, :class:`TaskRunnerHost`, does the rest in its own process:
 verl's ``auto_set_device`` and ``validate_config``, then the TaskRunner class's own ``run``, in process.
+It also builds the run's model and data when asked (``CPURunConfig.assets_dir``, assets.py).
 
 Only on machines without accelerators, which is where the CPU backend runs: verl's runtime-env rules
 that depend on the GPU (Hopper/Ampere with Megatron, ROCm, GB200) cannot apply there, and the torch
@@ -102,8 +103,12 @@ class TaskRunnerHost:
     def run(self, config: DictConfig, runner: str) -> None:
         from verl_async_rm.main_ppo import check_as_verls_driver
 
+        from .assets import build_if_asked
+
+        runner_cls = runner_class(runner)  # verl's imports first: then the assets' build adds ~1 s, not torch's import
+        build_if_asked()  # CPURunConfig.assets_dir: the first run here builds the model and data, once
         check_as_verls_driver(config)
-        runner_class(runner)().run(config)
+        runner_cls().run(config)
 
 
 def runner_class(runner: str) -> type:
