@@ -143,6 +143,9 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.utils.device", "auto_set_device", ("config",), "main_ppo.check_as_verls_driver (our v0 driver, light_driver.py's host)"),
     ("verl.utils.config", "validate_config", ("config", "use_reference_policy", "use_critic"), "main_ppo.check_as_verls_driver"),
     ("verl.checkpoint_engine.base", "ColocatedCheckpointEngine", None, "cpu_backend"),
+    ("verl.single_controller.ray.base", "RayWorkerGroup._get_master_addr_port",
+     ("self", "pg", "bundle_index", "master_port_range"), "cpu_backend patches it (no Ray task on one node)"),
+    ("verl.single_controller.ray.base", "get_master_addr_port", None, "cpu_backend calls its body in process"),
 )
 
 
@@ -163,6 +166,10 @@ INSTANCE_ATTRIBUTES: tuple[tuple[str, str, str, str, str], ...] = (
     (V1_TRAINER, "PPOTrainer", "kl_ctrl_in_reward", "__init__", "v1.py swaps it for one step"),
     (V1_TRAINER, "PPOTrainer", "trainer_mode", "__init__", "v1.py"),
     (V1_TRAINER, "PPOTrainer", "reward_loop_manager", "_setup", "v1.py hides its handles"),
+    ("verl.single_controller.ray.base", "RayWorkerGroup", "_master_addr", "__init__", "cpu_backend's master address patch"),
+    ("verl.single_controller.ray.base", "RayWorkerGroup", "_master_port", "__init__", "cpu_backend's master address patch"),
+    # Ray's, as verl's task is a Ray remote function: the function it wraps
+    ("ray.remote_function", "RemoteFunction", "_function", "__init__", "cpu_backend's master address patch"),
 )
 
 

@@ -48,6 +48,7 @@ def activate() -> None:
     _register_rollout()
     _patch_value_head_loader()
     _patch_offload_policy_pinning()
+    _patch_master_addr_port()
     from .start_gate import install_if_requested
 
     install_if_requested()  # the demo's gate between start-up and training (start_gate.py)
@@ -170,6 +171,49 @@ def _patch_offload_policy_pinning() -> None:
         module.CPUOffloadPolicy = CPUOffloadPolicy
 
     after_import("verl.workers.engine.fsdp.transformer_impl", patch)
+
+
+def _patch_master_addr_port() -> None:
+    """PATCH verl.single_controller.ray.base.RayWorkerGroup._get_master_addr_port (runtime, not on
+    disk), once that module is imported.
+
+    Why: verl finds a worker group's master address and a free port with a Ray task placed on the
+    group's first bundle. The task starts a Ray worker process of its own (~1.3 CPU-s, ~100 MB, then
+    idle for the whole run: the ``ray::IDLE`` of bench/startup_profile.py), one per worker group and
+    run. When that bundle is on the caller's node, which it always is on the CPU backend's one-node
+    clusters, the task's own function gives the same answer in the caller's process (the node's IP
+    and a port free on it). Elsewhere verl's task runs as before.
+    """
+    import functools
+
+    from verl_async_rm.integration.import_hooks import after_import
+
+    def patch(module) -> None:
+        original = module.RayWorkerGroup._get_master_addr_port
+        if getattr(original, "_verl_async_rm_cpu", False):
+            return
+
+        @functools.wraps(original)
+        def _get_master_addr_port(self, pg, bundle_index=0, master_port_range=None):
+            if self._master_addr is None and self._master_port is None and bundle_on_this_node(pg, bundle_index):
+                # the remote function's body (Ray keeps it as _function), called here
+                self._master_addr, self._master_port = module.get_master_addr_port._function(
+                    master_port_range=master_port_range)
+                return
+            return original(self, pg, bundle_index=bundle_index, master_port_range=master_port_range)
+
+        _get_master_addr_port._verl_async_rm_cpu = True
+        module.RayWorkerGroup._get_master_addr_port = _get_master_addr_port
+
+    after_import("verl.single_controller.ray.base", patch)
+
+
+def bundle_on_this_node(pg, bundle_index: int) -> bool:
+    """Whether bundle ``bundle_index`` of the (ready) placement group ``pg`` is on this process's node."""
+    import ray
+    from ray.util import placement_group_table
+
+    return placement_group_table(pg)["bundles_to_node_id"].get(bundle_index) == ray.get_runtime_context().get_node_id()
 
 
 def _register_rollout() -> None:

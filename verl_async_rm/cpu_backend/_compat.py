@@ -1,6 +1,6 @@
 """Version guard: the one place that knows which verl internals the CPU backend relies on.
 
-The CPU backend registers into, and in two places patches, verl internals that are not a stable
+The CPU backend registers into, and in a few places patches, verl internals that are not a stable
 API. If verl moves them, we want one clear error naming the installed version and the missing
 symbol, not an AttributeError deep inside a Ray worker.
 """
