@@ -22,7 +22,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 # A run builds its assets in its TaskRunner process when this is set: JSON {"dir": ..., "seed": ...}
 ASSETS_ENV = "VERL_ASYNC_RM_ASSETS"
@@ -92,7 +92,7 @@ def build_assets_once(assets_dir: str, seed: int,
         return record
 
 
-def build_if_asked(environ: dict | os._Environ = os.environ) -> dict | None:
+def build_if_asked(environ: Mapping[str, str] = os.environ) -> dict | None:
     """In a run's TaskRunner: build the assets named by :data:`ASSETS_ENV`, once among the runs."""
     asked = environ.get(ASSETS_ENV)
     if not asked:
