@@ -435,8 +435,8 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
     if parallel > 1 and start_gate_supported():
         from verl_async_rm.demo import default_parallel_startups
 
-        # the machine is shared: only as many start-ups at once as free memory holds (~3.5 GB a run)
-        parallel = min(parallel, default_parallel_startups(len(jobs)))
+        # the machine is shared: only as many start-ups at once as free memory holds (a Ray cluster a run)
+        parallel = min(parallel, default_parallel_startups(len(jobs), share_ray=False))
         if parallel < len(jobs):  # in groups; a group of one still passes its gate (the loop's start time)
             head = execute_group(jobs[:parallel], steps, progress, parallel)
             return head + execute_group(jobs[parallel:], steps, progress, parallel)

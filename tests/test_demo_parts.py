@@ -233,13 +233,15 @@ def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
     assert results["baseline"].judge_calls == [(0.3, 0.9), (0.35, 1.6)] and results["both"].judge_calls == []
 
 
-@pytest.mark.parametrize("total_gb, available_gb, runs, expected", [
-    (24, 22, 5, 5),  # this project's machines: all five demo lanes start together (2.2 GiB each measured)
-    (16, 14, 5, 4),
-    (8, 6, 5, 1),    # too little for two: one at a time, never zero
-    (64, 60, 5, 5),  # never more than there are runs
+@pytest.mark.parametrize("total_gb, available_gb, runs, shared, per_run", [
+    (24, 22, 5, 5, 5),  # this project's machines: all five demo lanes start together
+    (16, 14, 5, 5, 4),  # a 16 GB laptop: all five on the shared cluster (1.9 GiB a lane measured), not 4 + 1
+    (8, 6, 5, 2, 1),    # too little for two with a cluster each: one at a time, never zero
+    (6, 3, 5, 1, 1),
+    (64, 60, 5, 5, 5),  # never more than there are runs
 ])
-def test_parallel_startups_follow_the_free_memory(monkeypatch, total_gb, available_gb, runs, expected):
+def test_parallel_startups_follow_the_free_memory(monkeypatch, total_gb, available_gb, runs, shared, per_run):
     gib = 2**30
     monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=total_gb * gib, available=available_gb * gib))
-    assert demo.default_parallel_startups(runs) == expected
+    assert demo.default_parallel_startups(runs) == shared
+    assert demo.default_parallel_startups(runs, share_ray=False) == per_run

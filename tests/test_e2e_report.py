@@ -638,7 +638,9 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
 
     monkeypatch.setattr(launch, "start", FakeTrainer, raising=False)
     monkeypatch.setattr(e2e, "start_gate_supported", lambda: True)
-    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: n)  # memory for all of them
+    sized_for = []  # e2e's runs start a Ray cluster each: sized as such
+    monkeypatch.setattr(demo, "default_parallel_startups",
+                        lambda n, share_ray=True: sized_for.append(share_ray) or n)  # memory for all of them
     assets = launch.CPURunConfig(out_dir=str(tmp_path), model_dir="m", train_file="t", val_file="v")
     jobs = [e2e.Job(Run("v1", 0, "tail_1x", "both"), e2e.run_settings(Run("v1", 0, "tail_1x", "both"), 0.8, 0.0),
                     tmp_path / name, assets) for name in ("first", "broken", "third")]
@@ -649,7 +651,8 @@ def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_t
     assert isinstance(outcomes[1], RuntimeError) and "ended before training" in str(outcomes[1])
     first = outcomes[0]
     assert first.startup_s == 30.0 and first.wall_s == 30.0 + 12.0  # the wait at the gate is not the run's
-    monkeypatch.setattr(demo, "default_parallel_startups", lambda n: 1)  # memory for one at a time
+    assert sized_for == [False]
+    monkeypatch.setattr(demo, "default_parallel_startups", lambda n, share_ray=True: 1)  # memory for one at a time
     events.clear()
     phase[0] = "alone"
     outcomes = e2e.execute_group(jobs[:1] + jobs[2:], steps=3, progress=False, parallel=3)

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_async_rm.cpu_backend.latency import MODELS as LATENCY_MODELS
 from verl_async_rm.cpu_backend.assets import read_built
+from verl_async_rm.cpu_backend.latency import MODELS as LATENCY_MODELS
 from verl_async_rm.cpu_backend.latency import JudgeModel
 from verl_async_rm.cpu_backend.launch import (
     CPURunConfig,
@@ -273,21 +273,24 @@ def run_mode(out: Path, assets: CPURunConfig, mode: str, steps: int, seed: int, 
 
 
 # One CPU run's processes (Ray's daemons, the trainer and ~6 workers), GiB, with ~20% margin: measured
-# as the drop in available memory with five demo lanes at their gates, 2.2 GiB a lane with a Ray
-# cluster each since the light driver (2.9 before), 1.9 on one shared cluster (``memory_per_run_at_gate_gib``
-# in demo.json; their RSS sums read 2.7-3.8 GB: each process counts the shared torch/verl libraries
-# again). Sized for --ray-clusters per_run.
-RUN_MEMORY_GB = 2.7
+# as the drop in available memory with five demo lanes at their gates, 1.88-1.94 GiB a lane on one
+# shared cluster (``memory_per_run_at_gate_gib`` in demo.json), 2.2 with a Ray cluster each (their
+# RSS sums read 2.7-3.8 GB: each process counts the shared torch/verl libraries again). The shared
+# figure decides whether a 16 GB machine starts all five lanes at once or four and then one (a
+# whole start-up more).
+RUN_MEMORY_GB = {"shared": 2.3, "per_run": 2.7}
 MEMORY_HEADROOM = 0.15  # of total memory left free: Ray's memory monitor kills workers above 95% use
 
 
-def default_parallel_startups(n_runs: int) -> int:
-    """As many runs at once as the free memory holds (all five: ~14 GB and 15% of memory free), at least one."""
+def default_parallel_startups(n_runs: int, share_ray: bool = True) -> int:
+    """As many runs at once as the free memory holds (all five on one shared cluster: ~11.5 GiB and
+    15% of memory free), at least one."""
     import psutil
 
     memory = psutil.virtual_memory()
     spare_gb = (memory.available - MEMORY_HEADROOM * memory.total) / 2**30
-    return max(1, min(n_runs, int(spare_gb / RUN_MEMORY_GB)))
+    per_run = RUN_MEMORY_GB["shared" if share_ray else "per_run"]
+    return max(1, min(n_runs, int(spare_gb / per_run)))
 
 
 def _available_gib() -> float:
@@ -379,7 +382,7 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
     # A hung judge call answers only when the agent's request timeout cancels it (then it is retried,
     # hangs again, and after max_attempts the failure policy scores it).
     overrides = [f"reward.async_agent.request_timeout={request_timeout}"] if request_timeout else []
-    parallel_startups = parallel_startups or default_parallel_startups(len(modes))
+    parallel_startups = parallel_startups or default_parallel_startups(len(modes), share_ray)
     results = run_lanes(out, assets, modes, steps, seed, judge, trainer, progress, parallel_startups,
                         extra_overrides=overrides, share_ray=share_ray)
     built = read_built(assets.assets_dir, seed)
@@ -451,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {list(MODES)}")
     parser.add_argument("--parallel-startups", type=int, default=None,
                         help=f"how many runs start up at once (default: as many as free memory holds, "
-                             f"~{RUN_MEMORY_GB:g} GB each)")
+                             f"~{RUN_MEMORY_GB['shared']:g} GiB each, {RUN_MEMORY_GB['per_run']:g} with "
+                             f"--ray-clusters per_run)")
     parser.add_argument("--ray-clusters", choices=("shared", "per_run"), default="shared",
                         help="runs starting together share one Ray cluster (default), or each starts its own")
     parser.add_argument("--out", help="output folder (default: a new temp folder)")

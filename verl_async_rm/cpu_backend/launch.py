@@ -124,13 +124,13 @@ def toy_reward_path() -> str:
 def prepare_assets(cfg: CPURunConfig) -> CPURunConfig:
     """Build the tiny model and the toy dataset if the caller gave none: in ``cfg.assets_dir`` if set
     (once among processes sharing it), else under ``out_dir``."""
-    from .tiny_model import build_tiny_model
-    from .toy_task import write_dataset
-
     if cfg.assets_dir is not None:
         name_assets(cfg)
         build_assets_once(cfg.assets_dir, cfg.seed)
         return cfg
+    from .tiny_model import build_tiny_model
+    from .toy_task import write_dataset
+
     os.makedirs(cfg.out_dir, exist_ok=True)
     if cfg.model_dir is None:
         cfg.model_dir = build_tiny_model(os.path.join(cfg.out_dir, "model"))
