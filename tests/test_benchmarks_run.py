@@ -53,6 +53,9 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     assert "ray::RewardLoopWorker" not in names  # a strategy run (`both`): the agent scores, verl's would idle
     # the CPU backend's router (cpu_backend/router.py) took verl's place, beside the light server actor class
     assert {"ray::LightLoadBalancer", "ray::HFCPUServerActor"} <= names and "ray::GlobalRequestLoadBalancer" not in names
+    # the rollout engine lives in verl's trainer worker (cpu_backend/engine_link.py): the replica's actor
+    # only relays to it, and never loads torch
+    assert processes["ray::HFCPUServerActor"]["loading_torch"] == 0
     assert all(entry["cpu_s"] >= 0 and entry["processes"] >= 1 for entry in written["by_process"].values())
     assert written["cpu_s"] == pytest.approx(sum(e["cpu_s"] for e in written["by_process"].values()), abs=0.2)
     assert written["cpu_s"] == pytest.approx(sum(written["by_lane"].values()), abs=0.2)

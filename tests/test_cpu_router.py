@@ -3,6 +3,7 @@ without verl's import. Every CPU trainer run in the suite routes through it as w
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import subprocess
 import sys
@@ -90,11 +91,13 @@ def test_the_sticky_cache_is_bounded_by_the_yaml():
 HEAVY = {"verl", "torch", "tensordict", "transformers"}
 
 
-@pytest.mark.parametrize("module", ["verl_async_rm.cpu_backend.router", "verl_async_rm.cpu_backend.server_actor"])
+@pytest.mark.parametrize("module", ["verl_async_rm.cpu_backend.router", "verl_async_rm.cpu_backend.server_actor",
+                                    "verl_async_rm.cpu_backend.engine_link"])
 @pytest.mark.quick
 def test_the_modules_a_router_process_loads_import_nothing_heavy(module):
     """The router's process imports the router's module, and the server actor's module (Ray loads the
-    class of every actor handle a process receives: the servers verl passes to the router)."""
+    class of every actor handle a process receives: the servers verl passes to the router); the
+    server actor's process, relaying to the engine in the trainer worker, the link's."""
     code = f"import sys, {module}; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(HEAVY | {'ray'})})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -165,3 +168,51 @@ def test_a_router_given_a_real_hf_cpu_server_imports_neither_torch_nor_verl(ray_
     finally:
         ray.kill(router)
         ray.kill(server)
+
+
+@pytest.mark.ray
+def test_a_relay_to_an_engine_hosted_elsewhere_generates_and_imports_neither_torch_nor_verl(ray_session, tmp_path):
+    """The policy's replicas: the engine lives in verl's trainer worker (here: this test's process,
+    the same Ray job, at the address both ends derive), and the replica's actor relays to it. The
+    actor's process loads nothing heavy; verl's agent loop still gets verl's TokenOutput; the
+    engine's errors reach the caller; weights and sleep go through the host in process."""
+    import ray
+    import torch
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.cpu_backend.engine_link import EngineHost, engine_address
+    from verl_async_rm.cpu_backend.server import HFCPUServer, ServerSettings
+    from verl_async_rm.cpu_backend.server_actor import HFCPUServerActor
+    from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
+
+    config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 4,
+                               "max_num_seqs": 8, "ignore_eos": True, "free_cache_engine": True})
+    settings = ServerSettings.read(config, OmegaConf.create({"path": build_tiny_model(str(tmp_path / "model"))}))
+    replica = 7  # no other test of this job hosts one
+    threads = torch.get_num_threads()
+    host = EngineHost(lambda: HFCPUServer(settings, replica, num_threads=None), engine_address(replica))
+    assert torch.get_num_threads() == threads  # hosted: the trainer worker's threads stand
+    fresh = {"env_vars": {"VERL_ASYNC_RM_TEST_FRESH_WORKER": "relay-imports"}}
+    relay = ray.remote(HFCPUServerActor).options(num_cpus=0, max_concurrency=16, runtime_env=fresh).remote(
+        engine_address=engine_address(replica))  # as HFCPUReplica starts it: no settings to unpickle
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 4}
+    try:
+        outs = ray.get([relay.generate.remote(f"r{i}", [1, 87, 85 + i], sampling) for i in range(6)])
+        from verl.workers.rollout.replica import TokenOutput
+
+        assert all(type(o) is TokenOutput and 2 <= len(o.token_ids) <= 4 and len(o.log_probs) == len(o.token_ids)
+                   for o in outs)
+        loaded = ray.get(relay.__ray_call__.remote(lambda self: sorted({m.split(".")[0] for m in sys.modules} & HEAVY)))
+        assert loaded == []
+        with pytest.raises(NotImplementedError, match="text-only"):
+            ray.get(relay.generate.remote("img", [1, 2], sampling, image_data=["x"]))
+        # the adapter's path: in process, on the engine's own loop; the relay sees the result
+        state = host.engine.model.state_dict()
+        assert asyncio.run(host.call("update_weights", state, 3)) == len(state)
+        asyncio.run(host.call("sleep"))
+        assert ray.get(relay.get_state.remote()) == {"global_steps": 3, "weight_updates": 1, "awake": []}
+        with pytest.raises(RuntimeError, match="while asleep"):
+            ray.get(relay.generate.remote("late", [1, 2], sampling))
+    finally:
+        ray.kill(relay)
+        host.close()

@@ -4,14 +4,18 @@ verl 0.9.1 rolls out only through server replicas (vLLM/SGLang/TensorRT-LLM); it
 ``hf_rollout.py`` is dead code that nothing in the server path can call. The CPU backend supplies the
 three pieces verl expects of a rollout backend:
 
-* the server the agent loop calls, ``generate(...) -> TokenOutput`` with the sampled ids, their
+* the engine the agent loop calls, ``generate(...) -> TokenOutput`` with the sampled ids, their
   log-probs and ``extra_fields["global_steps"]`` (the weight version), plus the sleep/wake, abort and
   profile control calls: ``server.HFCPUServer`` (batched sampling, determinism, paired draws, lengths
-  varying per request: there), in its own Ray actor, ``server_actor.HFCPUServerActor``;
-* ``HFCPUReplica`` (here) - ``RolloutReplica.launch_servers()`` starting that actor (one per replica)
-  with the server's settings read from verl's configs;
-* ``HFServerAdapter`` (here) - the ``BaseRollout`` living in the trainer worker. The ``naive``
-  checkpoint engine hands it the actor's full tensors; it ships them as a CPU state dict to the server.
+  varying per request: there);
+* ``HFServerAdapter`` (here) - the ``BaseRollout`` verl builds in the trainer worker at ``init_model``.
+  As verl's hybrid engine keeps vLLM's workers in the trainer's process, its leader rank hosts the
+  replica's engine there (``engine_link.EngineHost``: a thread with its own loop, served on a local
+  socket), and the ``naive`` checkpoint engine's full tensors reach it in process;
+* ``HFCPUReplica`` (here) - ``RolloutReplica.launch_servers()`` starting the replica's Ray actor
+  (``server_actor.HFCPUServerActor``), the handle verl's router and agent loop call, which relays
+  to that engine and imports no torch. A reward or teacher model's replica, which has no adapter of its
+  own, runs the engine in that actor instead.
 
 No HTTP/OpenAI endpoint is served: ``server_address`` is only a unique id for verl's load balancer.
 """
@@ -27,8 +31,9 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
+from .engine_link import EngineHost, engine_address
 from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME, server_actor_name
-from .server import ServerSettings
+from .server import HFCPUServer, ServerSettings
 from .server_actor import HFCPUServerActor
 
 logger = logging.getLogger(__name__)
@@ -47,6 +52,13 @@ class HFCPUReplica(RolloutReplica):
         if self.nnodes != 1:
             raise NotImplementedError("hf_cpu rollout runs on one node")
         name = server_actor_name(self.replica_rank, 0, self._kind() + self.name_suffix)
+        # The policy's replicas: the engine is in the trainer worker, hosted by the adapter (built at
+        # init_model, before verl launches the replicas); others: in the actor, built from the settings
+        # (server.py's type: a relay given them would unpickle them and import torch).
+        if self._kind():
+            where = {"settings": ServerSettings.read(self.config, self.model_config), "replica_rank": self.replica_rank}
+        else:
+            where = {"engine_address": engine_address(self.replica_rank)}
         server = (
             ray.remote(HFCPUServerActor)  # HFCPUServer behind a class whose module imports nothing heavy
             .options(
@@ -56,9 +68,9 @@ class HFCPUReplica(RolloutReplica):
                 num_cpus=0,
                 max_concurrency=self.max_concurrency,
             )
-            .remote(settings=ServerSettings.read(self.config, self.model_config), replica_rank=self.replica_rank)
+            .remote(**where)
         )
-        await server.get_state.remote()  # surface constructor errors here, not at the first request
+        await server.get_state.remote()  # surface constructor and link errors here, not at the first request
         self.servers = [server]
         self._server_handle = server
         self._server_address = f"{ROLLOUT_NAME}://{name}"
@@ -70,7 +82,8 @@ class HFCPUReplica(RolloutReplica):
 
 
 class HFServerAdapter(BaseRollout):
-    """Worker-side end of weight sync for ``hf_cpu``; built by verl via ``get_rollout_class``."""
+    """The trainer worker's end of ``hf_cpu``: its leader rank hosts the replica's engine; verl
+    builds it via ``get_rollout_class``."""
 
     def __init__(self, config, model_config, device_mesh=None, replica_rank: int = -1, **kwargs) -> None:
         super().__init__(config, model_config, device_mesh)
@@ -83,24 +96,24 @@ class HFServerAdapter(BaseRollout):
         self.replica_rank = rank // rollout_world_size if replica_rank == -1 else replica_rank
         self.rollout_rank = rank % rollout_world_size
         self.is_leader_rank = self.rollout_rank == 0
-        self._server = None
         self.sync_disabled = os.environ.get(NO_WEIGHT_SYNC_ENV, "0") == "1"
-        if self.sync_disabled and self.is_leader_rank:
-            logger.warning("%s=1: rollout weights will NOT follow the trainer (negative control)", NO_WEIGHT_SYNC_ENV)
-
-    def _server_handle(self):
-        if self._server is None:
-            self._server = ray.get_actor(server_actor_name(self.replica_rank, 0))
-        return self._server
+        self.engine: EngineHost | None = None
+        if self.is_leader_rank:
+            if self.sync_disabled:
+                logger.warning("%s=1: rollout weights will NOT follow the trainer (negative control)",
+                               NO_WEIGHT_SYNC_ENV)
+            settings, replica = ServerSettings.read(self.config, self.model_config), self.replica_rank
+            # num_threads=None: the worker's torch threads stand (training shares them)
+            self.engine = EngineHost(lambda: HFCPUServer(settings, replica, num_threads=None), engine_address(replica))
 
     async def resume(self, tags: list[str]):
         """As verl's vLLM adapter: wake the server's weights or KV cache (state only on CPU)."""
         if self.config.free_cache_engine and self.is_leader_rank:
-            await self._server_handle().wake_up.remote(tags=tags)
+            await self.engine.call("wake_up", tags=tags)
 
     async def release(self):
         if self.config.free_cache_engine and self.is_leader_rank:
-            await self._server_handle().sleep.remote()
+            await self.engine.call("sleep")
 
     @torch.no_grad()
     async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
@@ -117,9 +130,8 @@ class HFServerAdapter(BaseRollout):
                 state_dict[name] = tensor.detach().to("cpu", copy=True).contiguous()
         if not self.is_leader_rank:
             return
-        server = self._server_handle()
         if self.sync_disabled:
             if global_steps is not None:  # keep the version tag moving so only the weights are stale
-                await server.set_global_steps.remote(global_steps)
+                await self.engine.call("set_global_steps", global_steps)
             return
-        await server.update_weights.remote(state_dict, global_steps)
+        await self.engine.call("update_weights", state_dict, global_steps)

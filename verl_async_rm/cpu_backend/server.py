@@ -1,8 +1,10 @@
 """The ``hf_cpu`` rollout server: a transformers causal LM sampling on CPU, with log-probs.
 
-Imports torch and transformers, never verl: it runs in a Ray actor process of its own
-(``server_actor.HFCPUServerActor``), which would otherwise spend ~1.2 CPU-s (~1.8 with five runs
-starting together) importing verl for two types. So it takes its settings as a plain
+Imports torch and transformers, never verl. A replica's engine normally lives in verl's trainer
+worker, started by the rollout adapter there (``rollout.HFServerAdapter``, ``engine_link``), where
+verl is loaded anyway; a replica with no adapter of its own (a reward or teacher model's) runs it in its
+Ray actor's process (``server_actor.HFCPUServerActor``), which would otherwise spend ~1.2 CPU-s (~1.8
+with five runs starting together) importing verl for two types. So it takes its settings as a plain
 :class:`ServerSettings` (read from verl's rollout and model configs by the replica), and answers with
 :class:`GeneratedTokens`, which unpickles as verl's ``TokenOutput`` in the process that receives it
 (verl's agent loop, where verl is imported anyway).
@@ -44,6 +46,7 @@ from typing import Any, Optional
 import torch
 
 from .names import DECODE_S_ENV, PAIRED_DRAWS_ENV, REPLICA_LOG_ENV
+from .token_output import GeneratedTokens
 
 logger = logging.getLogger(__name__)
 # A request stops after a drawn length in [this fraction of its max tokens, its max tokens]: real
@@ -80,29 +83,6 @@ class ServerSettings:
                    max_model_len=int(config.max_model_len) if config.max_model_len else None,
                    max_num_seqs=int(config.max_num_seqs), ignore_eos=bool(config.ignore_eos),
                    free_cache_engine=bool(config.free_cache_engine))
-
-
-def verl_token_output(fields: dict[str, Any]):
-    """Called by pickle in the process receiving a :class:`GeneratedTokens` (verl's agent loop)."""
-    from verl.workers.rollout.replica import TokenOutput
-
-    return TokenOutput(**fields)
-
-
-@dataclasses.dataclass
-class GeneratedTokens:
-    """One request's answer: verl's ``TokenOutput`` fields, built without importing verl. Pickled (as
-    Ray does with an actor's return value) it becomes a ``TokenOutput``: its ``__reduce__`` names
-    :func:`verl_token_output`, which the receiving process runs."""
-
-    token_ids: list[int]
-    log_probs: Optional[list[float]]
-    stop_reason: str
-    num_preempted: int
-    extra_fields: dict[str, Any]
-
-    def __reduce__(self):
-        return verl_token_output, (dataclasses.asdict(self),)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,7 +187,7 @@ def _answer(future: asyncio.Future, value) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# server actor
+# the engine (in the trainer worker, or in the replica's actor)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -221,11 +201,13 @@ class HFCPUServer:
 
     BATCH_WINDOW_S = 0.005  # let the agent loop's concurrent requests gather before a batch starts
 
-    def __init__(self, settings: ServerSettings, replica_rank: int = 0, num_threads: int = 1) -> None:
+    def __init__(self, settings: ServerSettings, replica_rank: int = 0, num_threads: Optional[int] = 1) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        # Ray actors on a small box: keep torch from spawning a thread per core in every process.
-        torch.set_num_threads(max(1, num_threads))
+        # A Ray actor of its own on a small box: keep torch from spawning a thread per core. None (hosted
+        # in the trainer worker): the worker's setting stands, training shares it.
+        if num_threads is not None:
+            torch.set_num_threads(max(1, num_threads))
         self.settings = settings
         self.replica_rank = replica_rank
         path = settings.model_path
