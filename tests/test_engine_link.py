@@ -267,3 +267,33 @@ def test_the_relay_talks_to_no_other_users_socket():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.quick
+def test_each_runs_replica_has_its_own_address_and_both_ends_derive_the_same(monkeypatch):
+    """The five demo lanes share one Ray cluster (one node, a job each, replica 0 each), and runs with
+    a cluster each share job ids (every cluster's first job is 01000000): the address must tell them
+    apart, and the trainer worker and the replica's actor (same node and job) must agree on it."""
+    import ray
+
+    from verl_async_rm.cpu_backend.engine_link import engine_address
+
+    class Context:
+        def __init__(self, node, job):
+            self.node, self.job = node, job
+
+        def get_node_id(self):
+            return self.node
+
+        def get_job_id(self):
+            return self.job
+
+    def address(node, job, replica):
+        monkeypatch.setattr(ray, "get_runtime_context", lambda: Context(node, job))
+        return engine_address(replica)
+
+    lanes_on_one_cluster = {address("n1", f"0{j}000000", 0) for j in range(1, 6)}
+    clusters_of_their_own = {address(f"n{k}", "01000000", 0) for k in range(1, 6)}
+    replicas_of_one_run = {address("n1", "01000000", r) for r in range(4)}
+    assert len(lanes_on_one_cluster) == len(clusters_of_their_own) == 5 and len(replicas_of_one_run) == 4
+    assert address("n1", "02000000", 1) == address("n1", "02000000", 1)
