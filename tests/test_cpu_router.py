@@ -216,3 +216,48 @@ def test_a_relay_to_an_engine_hosted_elsewhere_generates_and_imports_neither_tor
     finally:
         ray.kill(relay)
         host.close()
+
+
+@pytest.mark.quick
+def test_the_adapter_hosts_the_engine_only_in_verls_trainer_worker(monkeypatch):
+    """verl builds the rollout adapter in its trainer worker with a device mesh (hybrid, "rollout
+    engine and training engine fused in same process": the engine lives there) and in its
+    CheckpointEngineWorker without one (colocated or standalone replicas, e.g. a reward model's: the
+    engine runs in the replica's actor, which the adapter reaches by name, as before)."""
+    import types
+
+    from verl_async_rm.cpu_backend import rollout
+
+    hosted, named = [], []
+
+    class RecordingHost:
+        def __init__(self, build, address):
+            hosted.append(address)
+
+        async def call(self, method, *args, **kwargs):
+            hosted.append(method)
+
+    class RecordingHandle:
+        def __getattr__(self, method):
+            async def answer():
+                return None
+
+            return types.SimpleNamespace(remote=lambda *args, **kwargs: (named.append(method), answer())[1])
+
+    monkeypatch.setattr(rollout, "EngineHost", RecordingHost)
+    monkeypatch.setattr(rollout, "engine_address", lambda replica: f"engine-{replica}")
+    monkeypatch.setattr(rollout.ray, "get_actor", lambda name: (named.append(name), RecordingHandle())[1])
+    monkeypatch.setenv("RANK", "0")
+    config = types.SimpleNamespace(tensor_model_parallel_size=1, data_parallel_size=1, pipeline_model_parallel_size=1,
+                                   free_cache_engine=True, seed=0, prompt_length=8, response_length=4,
+                                   max_model_len=None, max_num_seqs=4, ignore_eos=False)
+    model = types.SimpleNamespace(local_path="/m", path="/m")
+
+    in_trainer_worker = rollout.HFServerAdapter(config, model, device_mesh=object())
+    asyncio.run(in_trainer_worker.resume(["weights"]))
+    assert hosted == ["engine-0", "wake_up"] and named == []
+
+    hosted.clear()
+    in_checkpoint_worker = rollout.HFServerAdapter(config, model, device_mesh=None, replica_rank=1)
+    asyncio.run(in_checkpoint_worker.release())
+    assert in_checkpoint_worker.engine is None and hosted == [] and named == ["hf_cpu_server_1_0", "sleep"]

@@ -14,8 +14,8 @@ three pieces verl expects of a rollout backend:
   socket), and the ``naive`` checkpoint engine's full tensors reach it in process;
 * ``HFCPUReplica`` (here) - ``RolloutReplica.launch_servers()`` starting the replica's Ray actor
   (``server_actor.HFCPUServerActor``), the handle verl's router and agent loop call, which relays
-  to that engine and imports no torch. A reward or teacher model's replica, which has no adapter of its
-  own, runs the engine in that actor instead.
+  to that engine and imports no torch. A colocated or standalone replica (verl's reward or teacher
+  models; its adapter lives in verl's CheckpointEngineWorker) runs the engine in that actor instead.
 
 No HTTP/OpenAI endpoint is served: ``server_address`` is only a unique id for verl's load balancer.
 """
@@ -29,7 +29,7 @@ import ray
 import torch
 
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica
+from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
 from .engine_link import EngineHost, engine_address
 from .names import NO_WEIGHT_SYNC_ENV, ROLLOUT_NAME, server_actor_name
@@ -52,13 +52,15 @@ class HFCPUReplica(RolloutReplica):
         if self.nnodes != 1:
             raise NotImplementedError("hf_cpu rollout runs on one node")
         name = server_actor_name(self.replica_rank, 0, self._kind() + self.name_suffix)
-        # The policy's replicas: the engine is in the trainer worker, hosted by the adapter (built at
-        # init_model, before verl launches the replicas); others: in the actor, built from the settings
-        # (server.py's type: a relay given them would unpickle them and import torch).
-        if self._kind():
-            where = {"settings": ServerSettings.read(self.config, self.model_config), "replica_rank": self.replica_rank}
-        else:
+        # Hybrid (verl: "rollout engine and training engine fused in same process"; the policy's
+        # replicas): the engine is in the trainer worker, hosted by the adapter (built at init_model,
+        # before verl launches the replicas), and this actor relays to it. Colocated or standalone (a
+        # reward or teacher model's): the engine runs in this actor, built from the settings (server.py's
+        # type: a relay given them would unpickle them and import torch).
+        if self.rollout_mode == RolloutMode.HYBRID:
             where = {"engine_address": engine_address(self.replica_rank)}
+        else:
+            where = {"settings": ServerSettings.read(self.config, self.model_config), "replica_rank": self.replica_rank}
         server = (
             ray.remote(HFCPUServerActor)  # HFCPUServer behind a class whose module imports nothing heavy
             .options(
@@ -97,23 +99,33 @@ class HFServerAdapter(BaseRollout):
         self.rollout_rank = rank % rollout_world_size
         self.is_leader_rank = self.rollout_rank == 0
         self.sync_disabled = os.environ.get(NO_WEIGHT_SYNC_ENV, "0") == "1"
+        if self.sync_disabled and self.is_leader_rank:
+            logger.warning("%s=1: rollout weights will NOT follow the trainer (negative control)", NO_WEIGHT_SYNC_ENV)
+        # verl builds this adapter in its trainer worker with a device mesh (hybrid: the replica's
+        # actor relays to the engine hosted here) and in its CheckpointEngineWorker without one
+        # (colocated or standalone replicas, whose engine runs in the replica's actor, reached by name).
         self.engine: EngineHost | None = None
-        if self.is_leader_rank:
-            if self.sync_disabled:
-                logger.warning("%s=1: rollout weights will NOT follow the trainer (negative control)",
-                               NO_WEIGHT_SYNC_ENV)
+        self._server = None
+        if self.is_leader_rank and device_mesh is not None:
             settings, replica = ServerSettings.read(self.config, self.model_config), self.replica_rank
             # num_threads=None: the worker's torch threads stand (training shares them)
             self.engine = EngineHost(lambda: HFCPUServer(settings, replica, num_threads=None), engine_address(replica))
 
+    async def _call_engine(self, method: str, *args, **kwargs):
+        if self.engine is not None:
+            return await self.engine.call(method, *args, **kwargs)
+        if self._server is None:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank, 0))
+        return await getattr(self._server, method).remote(*args, **kwargs)
+
     async def resume(self, tags: list[str]):
         """As verl's vLLM adapter: wake the server's weights or KV cache (state only on CPU)."""
         if self.config.free_cache_engine and self.is_leader_rank:
-            await self.engine.call("wake_up", tags=tags)
+            await self._call_engine("wake_up", tags=tags)
 
     async def release(self):
         if self.config.free_cache_engine and self.is_leader_rank:
-            await self.engine.call("sleep")
+            await self._call_engine("sleep")
 
     @torch.no_grad()
     async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
@@ -132,6 +144,6 @@ class HFServerAdapter(BaseRollout):
             return
         if self.sync_disabled:
             if global_steps is not None:  # keep the version tag moving so only the weights are stale
-                await self.engine.call("set_global_steps", global_steps)
+                await self._call_engine("set_global_steps", global_steps)
             return
-        await self.engine.call("update_weights", state_dict, global_steps)
+        await self._call_engine("update_weights", state_dict, global_steps)

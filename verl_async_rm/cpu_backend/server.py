@@ -2,7 +2,7 @@
 
 Imports torch and transformers, never verl. A replica's engine normally lives in verl's trainer
 worker, started by the rollout adapter there (``rollout.HFServerAdapter``, ``engine_link``), where
-verl is loaded anyway; a replica with no adapter of its own (a reward or teacher model's) runs it in its
+verl is loaded anyway; a colocated or standalone replica (a reward or teacher model's) runs it in its
 Ray actor's process (``server_actor.HFCPUServerActor``), which would otherwise spend ~1.2 CPU-s (~1.8
 with five runs starting together) importing verl for two types. So it takes its settings as a plain
 :class:`ServerSettings` (read from verl's rollout and model configs by the replica), and answers with
