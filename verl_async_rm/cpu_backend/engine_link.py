@@ -214,6 +214,7 @@ class EngineLink:
         self._writer: Optional[asyncio.StreamWriter] = None
         self._connecting: Optional[asyncio.Task] = None
         self._lost: Optional[BaseException] = None
+        self._reading: Optional[asyncio.Task] = None  # held: the loop keeps only weak references to tasks
 
     async def call(self, method: str, *args, **kwargs) -> Any:
         if self._writer is None:
@@ -248,7 +249,7 @@ class EngineLink:
             writer.close()
             raise PermissionError(f"the socket {self.address!r} is another user's, not this job's hf_cpu engine")
         self._writer = writer
-        asyncio.get_running_loop().create_task(self._read(reader))
+        self._reading = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
