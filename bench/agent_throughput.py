@@ -279,7 +279,7 @@ def main() -> None:
     if args.quick:
         args.samples, args.latency_samples, args.in_flight, args.rounds, args.latency_rounds = 400, 96, 192, 2, 1
         args.out = args.out.replace(".json", "_quick.json")
-    from verl_async_rm.cpu_backend.tiny_model import build_tokenizer
+    from verl_async_rm_rig.cpu_backend.tiny_model import build_tokenizer
     import tempfile
 
     from transformers import AutoTokenizer

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from verl_async_rm import RewardAgent  # noqa: E402
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig  # noqa: E402
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig  # noqa: E402
 from verl_async_rm.user_rewards.llm_judge import JudgeReward  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

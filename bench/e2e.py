@@ -2,7 +2,7 @@
 
 Every run is verl's trainer (v1, verl's default, as the headline; v0 alongside) on the CPU backend
 with the toy task (8 prompts x 4 samples, 4 PPO mini-batches per step), the reward behind a
-simulated judge (``verl_async_rm.cpu_backend.latency``), scored through the ``async_agent`` reward
+simulated judge (``verl_async_rm_rig.cpu_backend.latency``), scored through the ``async_agent`` reward
 manager. A run is (trainer, seed, regime, mode):
 
 - regimes, in units of the measured step compute C (the median step of the stock trainer with an
@@ -66,8 +66,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verl_async_rm.demo import MODES as DEMO_MODES  # noqa: E402
-from verl_async_rm.demo import SHAPE, ModeResult, summarize  # noqa: E402
+from verl_async_rm_rig.demo import MODES as DEMO_MODES  # noqa: E402
+from verl_async_rm_rig.demo import SHAPE, ModeResult, summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FINAL_STEPS = 3  # first/final toy reward = mean batch reward over the first/last 3 steps
@@ -327,21 +327,21 @@ JUDGE_LOG = "judge_calls.jsonl"
 
 def judge_log_env() -> Optional[str]:
     """The toy reward's judge-call log (the demo helper's), or None in a tree without it."""
-    from verl_async_rm.cpu_backend import toy_task
+    from verl_async_rm_rig.cpu_backend import toy_task
 
     return getattr(toy_task, "JUDGE_LOG_ENV", None)
 
 
 def decode_env() -> Optional[str]:
     """The CPU rollout's simulated per-token decode time (the trainer branch's), or None before it."""
-    from verl_async_rm.cpu_backend import names
+    from verl_async_rm_rig.cpu_backend import names
 
     return getattr(names, "DECODE_S_ENV", None)
 
 
 def paired_draws_env() -> Optional[str]:
     """The CPU rollout's paired-draws switch (common random numbers across modes), or None before it."""
-    from verl_async_rm.cpu_backend import names
+    from verl_async_rm_rig.cpu_backend import names
 
     return getattr(names, "PAIRED_DRAWS_ENV", None)
 
@@ -368,7 +368,7 @@ class Outcome:
 
 def run_config(job: Job, steps: int, start_gate: bool = False):
     """The trainer run of ``job``: identical for every mode but for the mode's own overrides."""
-    from verl_async_rm.cpu_backend.launch import CPURunConfig, toy_reward_path
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, toy_reward_path
 
     gate = {"start_gate": True} if start_gate else {}
     env = {judge_log_env(): str(Path(job.run_dir).absolute() / JUDGE_LOG)} if judge_log_env() else {}
@@ -395,7 +395,7 @@ def start_gate_supported() -> bool:
     helper's start gate, cpu_backend/start_gate.py)."""
     from dataclasses import fields
 
-    from verl_async_rm.cpu_backend import launch
+    from verl_async_rm_rig.cpu_backend import launch
 
     return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
 
@@ -404,13 +404,13 @@ def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_
              loop_start: Optional[float] = None, queue_position: Optional[int] = None) -> Outcome:
     """``loop_start``: wall-clock time the training loop began (a gated run's), which places the judge
     calls on the step timeline (the demo's reader); without it the run has no calls drawn."""
-    from verl_async_rm.cpu_backend.launch import read_all_metrics
+    from verl_async_rm_rig.cpu_backend.launch import read_all_metrics
 
     if not result.ok:
         raise RuntimeError(f"{job.run} failed (rc {result.returncode}); log: {result.log_path}")
     calls = None
     if loop_start is not None:
-        from verl_async_rm.demo import read_judge_calls
+        from verl_async_rm_rig.demo import read_judge_calls
 
         calls = read_judge_calls(Path(job.run_dir) / JUDGE_LOG, loop_start)
     summary = summarize(job.run.mode, result, calls) if calls else summarize(job.run.mode, result)
@@ -428,12 +428,12 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
     (verl's start-up leaves the cores idle between stages) and then train one at a time, in plan
     order, the others frozen at their gates: no two measured training loops overlap, none shares the
     machine with a parked run, and every mode is treated the same way."""
-    from verl_async_rm.cpu_backend import launch
+    from verl_async_rm_rig.cpu_backend import launch
 
     for job in jobs:
         shutil.rmtree(job.run_dir, ignore_errors=True)
     if parallel > 1 and start_gate_supported():
-        from verl_async_rm.demo import default_parallel_startups
+        from verl_async_rm_rig.demo import default_parallel_startups
 
         # the machine is shared: only as many start-ups at once as free memory holds (a Ray cluster a run)
         parallel = min(parallel, default_parallel_startups(len(jobs), share_ray=False))
@@ -469,7 +469,7 @@ def execute_group(jobs: list[Job], steps: int, progress: bool, parallel: int) ->
             load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
             wall = trainer.gate_reached_s + (trainer.ended_s - trainer.gate_opened_s)
             try:
-                from verl_async_rm.cpu_backend.start_gate import passed_marker
+                from verl_async_rm_rig.cpu_backend.start_gate import passed_marker
 
                 marker = passed_marker(trainer.gate)
                 loop_start = float(marker.read_text()) if marker.exists() else None
@@ -1019,7 +1019,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"  {run.trainer} seed {run.seed} {run.regime:>11} {run.mode}")
         return 0
 
-    from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets
 
     work = Path(args.work or str(Path(args.out).with_suffix("")) + "_runs")
     cache = work / "records"

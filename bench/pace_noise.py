@@ -77,8 +77,8 @@ def summarise(repeats: list[dict], wait_s: Optional[float]) -> dict:
 
 
 def measure(run: e2e.Run, repeats: int, steps: int, compute_s: float, work: Path) -> list[dict]:
-    from verl_async_rm.cpu_backend import launch
-    from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets
+    from verl_async_rm_rig.cpu_backend import launch
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets
 
     assets = prepare_assets(CPURunConfig(out_dir=str(work / f"assets_seed{run.seed}"), seed=run.seed))
     settings = e2e.run_settings(run, compute_s, 0.0)

@@ -24,8 +24,8 @@ from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
 from bench.pool_e2e import markdown as pooled_markdown  # noqa: E402
 from bench.pool_e2e import pool  # noqa: E402
-from verl_async_rm.demo import ModeResult, draw_timeline  # noqa: E402
-from verl_async_rm.demo import markdown_table as demo_markdown  # noqa: E402
+from verl_async_rm_rig.demo import ModeResult, draw_timeline  # noqa: E402
+from verl_async_rm_rig.demo import markdown_table as demo_markdown  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from verl_async_rm import demo
-from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer
+from verl_async_rm_rig import demo
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, RunningTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = "shared Ray cluster"

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash ci/install.sh
 VENV="${VERL_ASYNC_RM_VENV:-$PWD/.venv}"
 export RAY_AUTH_MODE=disabled
-exec "$VENV/bin/python" -m verl_async_rm demo "$@"
+exec "$VENV/bin/python" -m verl_async_rm_rig demo "$@"

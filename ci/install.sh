@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up on a fresh machine: a virtual environment (created if missing), the CPU build of
-# torch FIRST, then this package with its test and demo extras. Idempotent: a second run that finds
+# torch FIRST, then this package and its test and demo rig (rig/) with the tests' extras. Idempotent: a second run that finds
 # the same pyproject.toml and this script already installed returns at once.
 #
 #   VERL_ASYNC_RM_VENV  where the venv lives (default: .venv in the repository)
@@ -22,7 +22,7 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 stamp="$VENV/.verl_async_rm_installed"
-wanted="$(cat pyproject.toml ci/install.sh | sha256sum | cut -d' ' -f1) $TORCH_VERSION"
+wanted="$(cat pyproject.toml rig/pyproject.toml ci/install.sh | sha256sum | cut -d' ' -f1) $TORCH_VERSION"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
   exit 0
 fi
@@ -38,6 +38,6 @@ elif ! "${PIP[@]}" install --quiet "$torch_spec" 2>/dev/null; then
   echo "ci/install.sh: $torch_spec is not on pip's configured indexes; using $PYTORCH_CPU_INDEX"
   "${PIP[@]}" install --quiet "$torch_spec" --index-url "$PYTORCH_CPU_INDEX"
 fi
-"${PIP[@]}" install --quiet -e ".[dev]"
+"${PIP[@]}" install --quiet -e . -e "./rig[dev]"  # the product, and the test and demo rig beside it
 "$VENV/bin/python" -c "import torch, verl, ray; print(f'installed in $VENV: torch {torch.__version__}, verl {verl.__version__}, ray {ray.__version__}')"
 echo "$wanted" > "$stamp"

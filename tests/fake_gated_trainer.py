@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from verl_async_rm.cpu_backend.finish_marker import mark_finished
-from verl_async_rm.cpu_backend.start_gate import GATE_ENV, wait_at_gate
+from verl_async_rm_rig.cpu_backend.finish_marker import mark_finished
+from verl_async_rm_rig.cpu_backend.start_gate import GATE_ENV, wait_at_gate
 
 BUSY_CHILD = """
 import os, sys

@@ -12,8 +12,8 @@ import sys
 
 import ray
 
-from verl_async_rm.cpu_backend.names import server_actor_name
-from verl_async_rm.cpu_backend.start_gate import GATE_ENV, wait_at_gate
+from verl_async_rm_rig.cpu_backend.names import server_actor_name
+from verl_async_rm_rig.cpu_backend.start_gate import GATE_ENV, wait_at_gate
 
 ADDRESS = "+ray_kwargs.ray_init.address="
 ENV_VAR = "+ray_kwargs.ray_init.runtime_env.env_vars."

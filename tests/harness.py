@@ -99,3 +99,11 @@ def virtual(scenario):
         return loop.run_until_complete(scenario())
     finally:
         loop.close()
+
+
+def prepared(config):
+    """``main_ppo.prepare`` completes a config in place and returns the run's settings: the config."""
+    from verl_async_rm.main_ppo import prepare
+
+    prepare(config)
+    return config

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.cpu_backend import assets
-from verl_async_rm.cpu_backend.assets import ASSETS_ENV, asset_paths, build_assets_once, read_built
-from verl_async_rm.cpu_backend.launch import CPURunConfig, build_env, build_overrides, name_assets, prepare_assets
+from verl_async_rm_rig.cpu_backend import assets
+from verl_async_rm_rig.cpu_backend.assets import ASSETS_ENV, asset_paths, build_assets_once, read_built
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, build_env, build_overrides, name_assets, prepare_assets
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -123,7 +123,7 @@ def test_a_light_driver_run_is_told_to_build_its_assets(tmp_path):
 
 @pytest.mark.quick
 def test_without_the_light_driver_the_assets_are_built_before_the_run(tmp_path, monkeypatch):
-    from verl_async_rm.cpu_backend import launch
+    from verl_async_rm_rig.cpu_backend import launch
 
     built = []
     monkeypatch.setattr(launch, "build_assets_once", lambda assets_dir, seed: built.append((assets_dir, seed)))

@@ -62,7 +62,7 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     # as in the demo, the lane ran on a shared Ray cluster (cpu_backend/shared_cluster.py): its workers
     # (the shared raylet's children) count for the lane, Ray's daemons and the holder for the cluster
     assert written["ray_clusters"] == "shared" and list(written["by_lane"]) == ["both", "shared Ray cluster"]
-    assert {"gcs_server", "python -m verl_async_rm.cpu_backend.shared_cluster"} <= names
+    assert {"gcs_server", "python -m verl_async_rm_rig.cpu_backend.shared_cluster"} <= names
     assert written["by_lane"]["both"] > sum(processes[n]["cpu_s"] for n in ("ray::WorkerDict", "ray::TaskRunnerHost.run"))
     assert written["machine_busy_s"] > 0 and written["machine_idle_s"] >= 0
     assert 0 < written["wall_to_gate_s"] and {"command", "machine"} <= set(written)

@@ -90,3 +90,27 @@ def test_tokens_per_minute_works_from_config_alone():
     the first test's pacing, from configuration alone."""
     elapsed = paced({"tokens_per_minute": 6000}, [{"solution_str": "x" * 196}] * 4)
     assert elapsed == pytest.approx(100 / 98.3333, rel=1e-3)
+
+
+@pytest.mark.quick
+def test_the_hydra_configs_defaults_are_the_settings_own():
+    """Defaults are declared once, in the typed settings; the YAML a verl user's `--cfg job` shows must say
+    the same (a default changed in one place only would silently differ between entry points)."""
+    from importlib.resources import files
+
+    import yaml
+
+    from verl_async_rm.integration import settings
+    from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
+    from verl_async_rm.strategies.plan import StrategyConfig, strategy_from_mapping
+
+    declared = yaml.safe_load(files("verl_async_rm.hydra_conf").joinpath("async_reward_settings.yaml").read_text())
+    block = dict(declared["reward"]["async_agent"])
+    integration = {key: block.pop(key) for key in ("group_size", "group_wait", "group_timeout", "actor_name", "extra_keys")}
+    assert block == AgentConfig().model_dump()  # every field, same default, nothing extra
+    assert integration == {"group_size": None, "group_wait": settings.DEFAULT_GROUP_WAIT,
+                           "group_timeout": settings.DEFAULT_GROUP_TIMEOUT, "actor_name": DEFAULT_ACTOR_NAME, "extra_keys": []}
+    flags = {key: value for key, value in declared.items() if key not in ("reward", "reward_model")}
+    assert strategy_from_mapping(flags) == StrategyConfig()
+    assert set(flags) == {"mini_batch_pipeline", "update_pipeline", "off_policy_steps", "mini_batch_order",
+                          "stream_rewards", "max_staleness", "on_stale"}

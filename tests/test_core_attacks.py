@@ -27,7 +27,7 @@ from tests.conftest import REWARDS
 from tests.harness import agents, bounded, close_quietly, unformatted_logs  # noqa: F401 - fixtures
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RewardAgent, RewardError
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.loader import RewardSpec, load_reward
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}

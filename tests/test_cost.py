@@ -23,7 +23,7 @@ from hypothesis import given, settings, strategies as st
 from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.cost import CostLedger, Prices, Usage, chunk_usage, usage_from, usage_metrics, with_usage
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.outcome import BudgetExceeded
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm.verdict_log import read_log
@@ -206,6 +206,7 @@ def test_the_strategies_log_each_steps_usage_and_the_running_total(tmp_path):
     """What the trainer strategies hand verl's logger (``StepScheduler.reward_metrics``)."""
     from omegaconf import OmegaConf
 
+    from verl_async_rm.integration.settings import settings_from_verl_config
     from verl_async_rm.strategies.rewards import BatchRewards
     from verl_async_rm.strategies.scheduler import StepScheduler
 
@@ -220,7 +221,7 @@ def test_the_strategies_log_each_steps_usage_and_the_running_total(tmp_path):
                    "async_agent": {"price_input_per_million": 3.0, "price_output_per_million": 15.0}},
         "actor_rollout_ref": {"rollout": {"n": 4}},
     })
-    rewards = BatchRewards(config, tokenizer=None)
+    rewards = BatchRewards(settings_from_verl_config(config), tokenizer=None)
     try:
         steps = []
         for start in (0, 32):

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from verl_async_rm import cpu_backend
+from verl_async_rm_rig import cpu_backend
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from verl_async_rm.cpu_backend.names import REPLICA_LOG_ENV
-from verl_async_rm.cpu_backend.server import HFCPUServer, ServerSettings
-from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
+from verl_async_rm_rig.cpu_backend.names import REPLICA_LOG_ENV
+from verl_async_rm_rig.cpu_backend.server import HFCPUServer, ServerSettings
+from verl_async_rm_rig.cpu_backend.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.quick
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 6}
@@ -104,8 +104,8 @@ def test_without_free_cache_engine_sleep_frees_nothing_as_in_verls_vllm_server(m
 def test_lengths_vary_and_each_response_arrives_when_it_is_done(model_dir, monkeypatch):
     """Real decoding: responses differ in length and a short one is not held back by a long one
     in the same batch (the strategies score each sample as its rollout finishes)."""
-    from verl_async_rm.cpu_backend.names import DECODE_S_ENV
-    from verl_async_rm.cpu_backend.server import MIN_LENGTH_FRACTION
+    from verl_async_rm_rig.cpu_backend.names import DECODE_S_ENV
+    from verl_async_rm_rig.cpu_backend.server import MIN_LENGTH_FRACTION
 
     monkeypatch.setenv(DECODE_S_ENV, "0.005")  # 5 ms per token
     sampling = {**SAMPLING, "max_tokens": 12}
@@ -132,7 +132,7 @@ def test_lengths_vary_and_each_response_arrives_when_it_is_done(model_dir, monke
 
 
 def test_a_batch_delivers_each_row_as_it_finishes(model_dir, monkeypatch):
-    from verl_async_rm.cpu_backend.names import DECODE_S_ENV
+    from verl_async_rm_rig.cpu_backend.names import DECODE_S_ENV
 
     monkeypatch.setenv(DECODE_S_ENV, "0.02")
     sampling = {**SAMPLING, "max_tokens": 12}
@@ -161,8 +161,8 @@ def test_paired_draws_give_two_runs_the_same_samples_for_the_same_prompt(model_d
     a little (a strategy's policy lag) mostly sample the same responses, where unpaired runs don't."""
     import torch
 
-    from verl_async_rm.cpu_backend import server as server_module
-    from verl_async_rm.cpu_backend.names import PAIRED_DRAWS_ENV
+    from verl_async_rm_rig.cpu_backend import server as server_module
+    from verl_async_rm_rig.cpu_backend.names import PAIRED_DRAWS_ENV
 
     batch_sizes = []
     real_sample_batch = server_module.sample_batch

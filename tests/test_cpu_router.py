@@ -13,8 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.cpu_backend.launch import CPURunConfig, build_overrides
-from verl_async_rm.cpu_backend.router import LightLoadBalancer, config_path
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, build_overrides
+from verl_async_rm_rig.cpu_backend.router import LightLoadBalancer, config_path
 
 SERVERS = ["s0", "s1", "s2"]
 
@@ -91,8 +91,8 @@ def test_the_sticky_cache_is_bounded_by_the_yaml():
 HEAVY = {"verl", "torch", "tensordict", "transformers"}
 
 
-@pytest.mark.parametrize("module", ["verl_async_rm.cpu_backend.router", "verl_async_rm.cpu_backend.server_actor",
-                                    "verl_async_rm.cpu_backend.engine_link"])
+@pytest.mark.parametrize("module", ["verl_async_rm_rig.cpu_backend.router", "verl_async_rm_rig.cpu_backend.server_actor",
+                                    "verl_async_rm_rig.cpu_backend.engine_link"])
 @pytest.mark.quick
 def test_the_modules_a_router_process_loads_import_nothing_heavy(module):
     """The router's process imports the router's module, and the server actor's module (Ray loads the
@@ -105,8 +105,8 @@ def test_the_modules_a_router_process_loads_import_nothing_heavy(module):
 
 @pytest.mark.quick
 def test_the_server_actor_forwards_every_public_method_of_the_server():
-    from verl_async_rm.cpu_backend.server import HFCPUServer
-    from verl_async_rm.cpu_backend.server_actor import METHODS, HFCPUServerActor
+    from verl_async_rm_rig.cpu_backend.server import HFCPUServer
+    from verl_async_rm_rig.cpu_backend.server_actor import METHODS, HFCPUServerActor
 
     public = {name for name, member in vars(HFCPUServer).items() if callable(member) and not name.startswith("_")}
     assert public == set(METHODS)
@@ -141,9 +141,9 @@ def test_a_router_given_a_real_hf_cpu_server_imports_neither_torch_nor_verl(ray_
     import ray
     from omegaconf import OmegaConf
 
-    from verl_async_rm.cpu_backend.server import ServerSettings
-    from verl_async_rm.cpu_backend.server_actor import HFCPUServerActor
-    from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
+    from verl_async_rm_rig.cpu_backend.server import ServerSettings
+    from verl_async_rm_rig.cpu_backend.server_actor import HFCPUServerActor
+    from verl_async_rm_rig.cpu_backend.tiny_model import build_tiny_model
 
     config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 4,
                                "max_num_seqs": 8, "ignore_eos": True, "free_cache_engine": True})
@@ -180,10 +180,10 @@ def test_a_relay_to_an_engine_hosted_elsewhere_generates_and_imports_neither_tor
     import torch
     from omegaconf import OmegaConf
 
-    from verl_async_rm.cpu_backend.engine_link import EngineHost, engine_address
-    from verl_async_rm.cpu_backend.server import HFCPUServer, ServerSettings
-    from verl_async_rm.cpu_backend.server_actor import HFCPUServerActor
-    from verl_async_rm.cpu_backend.tiny_model import build_tiny_model
+    from verl_async_rm_rig.cpu_backend.engine_link import EngineHost, engine_address
+    from verl_async_rm_rig.cpu_backend.server import HFCPUServer, ServerSettings
+    from verl_async_rm_rig.cpu_backend.server_actor import HFCPUServerActor
+    from verl_async_rm_rig.cpu_backend.tiny_model import build_tiny_model
 
     config = OmegaConf.create({"seed": 7, "max_model_len": None, "prompt_length": 32, "response_length": 4,
                                "max_num_seqs": 8, "ignore_eos": True, "free_cache_engine": True})
@@ -226,7 +226,7 @@ def test_the_adapter_hosts_the_engine_only_in_verls_trainer_worker(monkeypatch):
     engine runs in the replica's actor, which the adapter reaches by name, as before)."""
     import types
 
-    from verl_async_rm.cpu_backend import rollout
+    from verl_async_rm_rig.cpu_backend import rollout
 
     hosted, named = [], []
 

@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from verl_async_rm import demo
-from verl_async_rm.cpu_backend import start_gate
-from verl_async_rm.cpu_backend.launch import CPURunConfig, RunningTrainer, park_at_gates
+from verl_async_rm_rig import demo
+from verl_async_rm_rig.cpu_backend import start_gate
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, RunningTrainer, park_at_gates
 
 pytestmark = pytest.mark.quick
 
@@ -32,8 +32,10 @@ def test_the_first_validation_waits_at_the_gate_and_later_ones_do_not(tmp_path, 
             calls.append(merged)
             return {"val": 1.0}
 
-    start_gate._gate_first_validation(types.SimpleNamespace(Trainer=Trainer), "Trainer")
-    start_gate._gate_first_validation(types.SimpleNamespace(Trainer=Trainer), "Trainer")  # idempotent
+    module = types.ModuleType("a_trainer_module")  # not one of verl's: no internal of it to check
+    module.Trainer = Trainer
+    start_gate._gate_first_validation(module, "Trainer")
+    start_gate._gate_first_validation(module, "Trainer")  # idempotent
     trainer, returned = Trainer(), []
     waiter = threading.Thread(target=lambda: returned.append(trainer._validate(merged=True)))
     waiter.start()

@@ -1,6 +1,7 @@
-"""Dependencies declared exactly: every third-party import of the package, the benchmarks and the
-tests maps to a requirement of the right extra in pyproject.toml, and every requirement is imported
-or has a stated reason."""
+"""Dependencies declared exactly: every third-party import of the product maps to a requirement of
+its pyproject.toml, every import of the rig, the benchmarks and the tests to a requirement of the rig's
+(rig/pyproject.toml) or the product's, in the right extra; and every requirement is imported or has a
+stated reason."""
 
 from __future__ import annotations
 
@@ -17,14 +18,15 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.quick
 
-OWN = {"verl_async_rm", "tests", "bench", "hydra_plugins"}
-# What each part of the repository may import: the extras installed where it runs.
+OWN = {"verl_async_rm", "verl_async_rm_rig", "tests", "bench", "hydra_plugins"}
+# What each part of the repository may import: (distribution, its extras installed where it runs). The
+# rig's requirements include the product's (it depends on it).
 SCOPES = {
-    "verl_async_rm/demo.py": ("demo",),  # `verl-async-rm demo` (its README command installs [demo])
-    "verl_async_rm": (),
-    "hydra_plugins": (),
-    "bench": ("bench",),
-    "tests": ("dev",),
+    "verl_async_rm": ("product", ()),
+    "hydra_plugins": ("product", ()),
+    "rig": ("rig", ()),
+    "bench": ("rig", ("bench",)),
+    "tests": ("rig", ("dev",)),
 }
 # Declared but imported by no file of ours, on purpose:
 NOT_IMPORTED = {
@@ -33,35 +35,42 @@ NOT_IMPORTED = {
     "pyarrow": "pandas' parquet engine, for the CPU backend's toy dataset",
     "pytest-timeout": "a pytest plugin (the suite's `timeout` option)",
     "pytest-xdist": "a pytest plugin: `pytest -m quick` runs on several processes (tests/conftest.py)",
-    "verl-async-rm": "dev pulls in the demo and bench extras",
+    "verl-async-rm": "the rig depends on the product",
+    "verl-async-rm-rig": "the product's rig extra; the rig's dev pulls in its bench extra",
     "verl": "gpu extras: verl's own pinned GPU extras",
 }
 
 
-def pyproject() -> dict:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: the installed metadata says the same once installed
-        return {"dependencies": metadata.requires("verl-async-rm")}
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECTS = {"product": ROOT / "pyproject.toml", "rig": ROOT / "rig" / "pyproject.toml"}
 
 
-def requirements() -> dict[str, set[str]]:
-    """Extra name ("" for the core) -> canonical distribution names, with extras' self-references resolved."""
-    project = pyproject()
+def pyproject(distribution: str = "product") -> dict:
+    import tomllib  # Python >= 3.11; the suite runs there (ci/install.sh's venv)
+
+    return tomllib.loads(PYPROJECTS[distribution].read_text())["project"]
+
+
+def requirements(distribution: str = "product") -> dict[str, set[str]]:
+    """Extra name ("" for the core) -> canonical distribution names, with self-references resolved; the
+    rig's core includes the product's core (it depends on the product)."""
+    project = pyproject(distribution)
     raw = {"": project["dependencies"], **project.get("optional-dependencies", {})}
     parsed = {extra: [Requirement(r) for r in reqs] for extra, reqs in raw.items()}
+    own = canonicalize_name(project["name"])
 
     def names(extra: str) -> set[str]:
         out = set()
         for req in parsed[extra]:
-            if canonicalize_name(req.name) == "verl-async-rm":
+            if canonicalize_name(req.name) == own:
                 for sub in req.extras:
                     out |= names(sub)
             out.add(canonicalize_name(req.name))
         return out
 
-    return {extra: names(extra) for extra in parsed}
+    found = {extra: names(extra) for extra in parsed}
+    if distribution == "rig":
+        found[""] |= requirements("product")[""]
+    return found
 
 
 def third_party_imports(path: Path) -> set[str]:
@@ -75,27 +84,28 @@ def third_party_imports(path: Path) -> set[str]:
     return {name for name in found if name not in sys.stdlib_module_names and name not in OWN}
 
 
-def scope_of(path: Path) -> tuple[str, ...]:
+def scope_of(path: Path) -> tuple[str, tuple[str, ...]]:
     relative = path.relative_to(ROOT).as_posix()
-    return next(extras for prefix, extras in SCOPES.items() if relative == prefix or relative.startswith(prefix + "/"))
+    return next(scope for prefix, scope in SCOPES.items() if relative == prefix or relative.startswith(prefix + "/"))
 
 
 def source_files() -> list[Path]:
-    return sorted(p for top in ("verl_async_rm", "hydra_plugins", "bench", "tests") for p in (ROOT / top).rglob("*.py"))
+    return sorted(p for top in SCOPES for p in (ROOT / top).rglob("*.py"))
 
 
 def test_every_third_party_import_is_declared_in_the_right_extra():
-    declared = requirements()
+    declared = {distribution: requirements(distribution) for distribution in PYPROJECTS}
     distributions = metadata.packages_distributions()
     missing = []
     for path in source_files():
-        allowed = declared[""].union(*(declared[extra] for extra in scope_of(path)))
+        distribution, extras = scope_of(path)
+        allowed = declared[distribution][""].union(*(declared[distribution][extra] for extra in extras))
         for name in sorted(third_party_imports(path)):
             dists = {canonicalize_name(d) for d in distributions.get(name, [])}
             if not dists:
                 missing.append(f"{path.relative_to(ROOT)}: imports {name}, which no installed distribution provides")
             elif not dists & allowed:
-                extras = sorted(e or "core" for e, names in declared.items() if dists & names)
+                extras = sorted(f"{d}:{e or 'core'}" for d in declared for e, names in declared[d].items() if dists & names)
                 missing.append(f"{path.relative_to(ROOT)}: imports {name} ({'/'.join(sorted(dists))}), "
                                f"not declared for it (declared in: {extras or 'nothing'})")
     assert not missing, "\n".join(missing)
@@ -107,10 +117,10 @@ def test_every_requirement_is_imported_or_has_a_reason():
     for path in source_files():
         for name in third_party_imports(path):
             imported |= {canonicalize_name(d) for d in distributions.get(name, [])}
-    declared = set().union(*requirements().values())
+    declared = set().union(*(names for d in PYPROJECTS for names in requirements(d).values()))
     unexplained = declared - imported - {canonicalize_name(n) for n in NOT_IMPORTED}
     assert not unexplained, f"declared but never imported, and no reason given: {sorted(unexplained)}"
-    stale = {canonicalize_name(n) for n in NOT_IMPORTED} & imported - {"verl", "verl-async-rm"}
+    stale = {canonicalize_name(n) for n in NOT_IMPORTED} & imported - {"verl", "verl-async-rm", "verl-async-rm-rig"}
     assert not stale, f"imported now, drop them from NOT_IMPORTED: {sorted(stale)}"
 
 
@@ -119,7 +129,7 @@ def test_the_check_would_catch_an_undeclared_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import os, json\nfrom collections import deque\ndef f():\n    import scipy.stats\n    from yaml import safe_load\n")
     assert third_party_imports(probe) == {"scipy", "yaml"}
-    assert "scipy" in requirements()["bench"] and "scipy" not in requirements()[""]
+    assert "scipy" in requirements("rig")["bench"] and "scipy" not in requirements("rig")[""]
 
 
 def test_gpu_extras_are_verls_own_pinned_extras_of_the_supported_release():

@@ -24,8 +24,8 @@ from bench.e2e import (
     timing_table,
 )
 from tests.conftest import ROOT
-from verl_async_rm.cpu_backend.latency import JudgeModel
-from verl_async_rm.demo import ModeResult
+from verl_async_rm_rig.cpu_backend.latency import JudgeModel
+from verl_async_rm_rig.demo import ModeResult
 
 quick = pytest.mark.quick
 
@@ -78,7 +78,7 @@ def test_plan_runs_keeps_each_regimes_runs_together_in_a_shuffled_order():
 
 @quick
 def test_main_starts_each_regimes_runs_together_and_never_mixes_regimes_in_a_group(tmp_path, monkeypatch):
-    import verl_async_rm.cpu_backend.launch as launch
+    import verl_async_rm_rig.cpu_backend.launch as launch
 
     groups = []
     calls = []
@@ -404,7 +404,7 @@ def fake_execute(calls, compute=0.8, fail=lambda run: False):
 
 @quick
 def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
-    import verl_async_rm.cpu_backend.launch as launch
+    import verl_async_rm_rig.cpu_backend.launch as launch
 
     calls = []
     monkeypatch.setattr(e2e, "execute_group", fake_execute(calls))
@@ -437,7 +437,7 @@ def test_main_calibrates_runs_caches_and_resumes(tmp_path, monkeypatch):
 
 @quick
 def test_main_skips_modes_not_in_the_tree_reports_failed_runs_and_partial_caches(tmp_path, monkeypatch):
-    import verl_async_rm.cpu_backend.launch as launch
+    import verl_async_rm_rig.cpu_backend.launch as launch
 
     calls = []
     monkeypatch.setattr(e2e, "execute_group", fake_execute(calls, fail=lambda run: run.mode == "both" and run.regime == "tail_1x"))
@@ -535,7 +535,7 @@ def test_quick_benchmark_runs_verls_trainer_and_writes_its_report(tmp_path):
 
 
 def fake_result(steps, rc=0, log="train-0.log"):
-    from verl_async_rm.cpu_backend.launch import RunResult
+    from verl_async_rm_rig.cpu_backend.launch import RunResult
 
     metrics = [{"step": s, "data": {"timing_s/step": 1.0, "critic/score/mean": 0.3, "async_reward/blocked_s": 0.1,
                                     "async_rm/staleness/max": 1}} for s in range(1, steps + 1)]
@@ -544,7 +544,7 @@ def fake_result(steps, rc=0, log="train-0.log"):
 
 @quick
 def test_execute_group_without_the_start_gate_runs_in_fresh_folders_and_reports_each_failure(tmp_path, monkeypatch):
-    import verl_async_rm.cpu_backend.launch as launch
+    import verl_async_rm_rig.cpu_backend.launch as launch
 
     jobs = []
     for i, mode in enumerate(["baseline", "both", "tail"]):
@@ -583,9 +583,9 @@ def test_modes_a_trainer_refuses_are_skipped_up_front():
 
 @quick
 def test_execute_group_with_the_start_gate_starts_together_and_trains_one_at_a_time(tmp_path, monkeypatch):
-    import verl_async_rm.cpu_backend.launch as launch
-    import verl_async_rm.demo as demo
-    from verl_async_rm.cpu_backend.start_gate import passed_marker
+    import verl_async_rm_rig.cpu_backend.launch as launch
+    import verl_async_rm_rig.demo as demo
+    from verl_async_rm_rig.cpu_backend.start_gate import passed_marker
 
     events, phase = [], ["together"]
 

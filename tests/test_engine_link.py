@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 
-from verl_async_rm.cpu_backend.engine_link import EngineHost, EngineLink
-from verl_async_rm.cpu_backend.server_actor import HFCPUServerActor
-from verl_async_rm.cpu_backend.token_output import GeneratedTokens
+from verl_async_rm_rig.cpu_backend.engine_link import EngineHost, EngineLink
+from verl_async_rm_rig.cpu_backend.server_actor import HFCPUServerActor
+from verl_async_rm_rig.cpu_backend.token_output import GeneratedTokens
 
 
 def fresh_address() -> str:
@@ -153,7 +153,7 @@ ENGINE_PROCESS = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_engine_link import StandInEngine
-    from verl_async_rm.cpu_backend.engine_link import EngineHost
+    from verl_async_rm_rig.cpu_backend.engine_link import EngineHost
     EngineHost(StandInEngine, {address!r})
     print("listening", flush=True)
     time.sleep(3600)
@@ -276,7 +276,7 @@ def test_each_runs_replica_has_its_own_address_and_both_ends_derive_the_same(mon
     apart, and the trainer worker and the replica's actor (same node and job) must agree on it."""
     import ray
 
-    from verl_async_rm.cpu_backend.engine_link import engine_address
+    from verl_async_rm_rig.cpu_backend.engine_link import engine_address
 
     class Context:
         def __init__(self, node, job):

@@ -11,7 +11,7 @@ import pytest
 
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm import RetryableError, RewardAgent, RewardError
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
 pytestmark = pytest.mark.quick
 

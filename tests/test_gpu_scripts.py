@@ -37,7 +37,8 @@ def script_argv(script: str, lane: str, tmp_path, *extra: str) -> list[str]:
 
 def compose_as_main_ppo(argv: list[str]):
     """What ``python -m verl_async_rm.main_ppo`` composes and checks before Ray starts."""
-    from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings, prepare
+    from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings
+    from tests.harness import prepared
 
     from hydra._internal.utils import get_args_parser  # hydra.main's own command-line parser
 
@@ -45,7 +46,7 @@ def compose_as_main_ppo(argv: list[str]):
     args = get_args_parser().parse_args(accept_recipe_spellings(argv[2:]))  # exits on what hydra.main would refuse
     with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
         config = compose(args.config_name or CONFIG_NAME, overrides=args.overrides)
-    return prepare(config)
+    return prepared(config)
 
 
 @pytest.mark.parametrize("lane", LANES)

@@ -9,7 +9,7 @@ from verl_async_rm.agent import RewardAgent
 def test_example_group_judge_against_the_loopback_judge_through_the_real_openai_client():
     """verl_async_rm/user_rewards/group_judge.py: one HTTP request per group (plus its retries of
     injected 500s and malformed replies), each member scored by its own answer."""
-    from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
     batch = [{"solution_str": f"so the answer is {i % 3}", "ground_truth": uid % 3, "uid": uid}
              for uid in range(6) for i in range(4)]

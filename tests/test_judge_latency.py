@@ -1,4 +1,4 @@
-"""Simulated judges (verl_async_rm/cpu_backend/latency.py) and the toy reward that sleeps, hangs and
+"""Simulated judges (rig/verl_async_rm_rig/cpu_backend/latency.py) and the toy reward that sleeps, hangs and
 fails by them: quantiles and fractions match the parameters, draws are reproducible per (text, seed),
 the uniform model is today's draw bit for bit, bad parameters are refused by name."""
 
@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.cpu_backend.latency import (
+from verl_async_rm_rig.cpu_backend.latency import (
     JudgeModel,
     SimulatedJudgeError,
     unit_draw,
     unit_from_hash,
 )
-from verl_async_rm.cpu_backend.toy_task import (
+from verl_async_rm_rig.cpu_backend.toy_task import (
     compute_score,
     compute_score_with_latency,
     simulated_latency,

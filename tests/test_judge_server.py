@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.judge_server import (
+from verl_async_rm_rig.judge_server import (
     MALFORMED_KINDS,
     OUTCOMES,
     JudgeServer,
@@ -446,7 +446,7 @@ def test_bad_request_is_400_and_counted():
 
 def test_cli_serves_and_prints_counters_on_interrupt():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "verl_async_rm.judge_server", "--port", "0", "--latency", "0:0.01", "--rate-429", "0.5",
+        [sys.executable, "-m", "verl_async_rm_rig.judge_server", "--port", "0", "--latency", "0:0.01", "--rate-429", "0.5",
          "--retry-after", "0.05", "--seed", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -511,7 +511,7 @@ def brute_force_tokens(start: float, capacity: int, rate: float, accepted: list[
 def test_token_bucket_matches_its_definition_and_retry_after_is_exact(times, capacity, rate):
     import copy
 
-    from verl_async_rm.judge_server import TokenBucket
+    from verl_async_rm_rig.judge_server import TokenBucket
 
     bucket = TokenBucket(capacity, rate, now=0.0)
     accepted: list[float] = []
@@ -535,7 +535,7 @@ def test_token_bucket_matches_its_definition_and_retry_after_is_exact(times, cap
 
 @pytest.mark.quick
 def test_retry_after_header_is_rounded_up_and_storms_are_half_open():
-    from verl_async_rm.judge_server import retry_after_header, storm_retry_after
+    from verl_async_rm_rig.judge_server import retry_after_header, storm_retry_after
 
     assert retry_after_header(0.3333333) == 0.334 and retry_after_header(0.05) == 0.05 and retry_after_header(0.07) == 0.07
     assert retry_after_header(2.0) == 2.0 and retry_after_header(-1.0) == 0.0
@@ -566,7 +566,7 @@ def test_flow_control_config_validation(kwargs):
 
 @pytest.mark.quick
 def test_stats_helpers_on_hand_made_records():
-    from verl_async_rm.judge_server import JudgeStats, RequestRecord
+    from verl_async_rm_rig.judge_server import JudgeStats, RequestRecord
 
     recs = (
         RequestRecord(0.0, "ok", 1.0),
@@ -728,7 +728,7 @@ def test_records_are_bounded():
 
 def test_cli_flow_control_flags():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "verl_async_rm.judge_server", "--bucket-capacity", "3", "--bucket-refill", "0.5",
+        [sys.executable, "-m", "verl_async_rm_rig.judge_server", "--bucket-capacity", "3", "--bucket-refill", "0.5",
          "--retry-after-whole-seconds", "--storm", "30:5", "--storm-retry-after", "2", "--error-body-bytes", "4096"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -750,6 +750,6 @@ def test_cli_flow_control_flags():
     assert proc.returncode == 0, err
     assert seen == [("ok", None)] * 3 + [("429", "2")] * 2  # 1 / 0.5 s = 2 s until the next token
     assert counters["outcomes"]["rate_limited"] == 2 and counters["rejected"] == 2 and counters["storms"] == 1
-    bad = subprocess.run([sys.executable, "-m", "verl_async_rm.judge_server", "--error-body-bytes", "5"],
+    bad = subprocess.run([sys.executable, "-m", "verl_async_rm_rig.judge_server", "--error-body-bytes", "5"],
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "error_body_bytes" in bad.stderr

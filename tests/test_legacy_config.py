@@ -205,11 +205,13 @@ def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_bloc
     from verl_async_rm.main_ppo import prepare
 
     gsm8k = ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py"
-    config = prepare(ours_config(
+    config = ours_config(
         "reward_model.reward_manager=async_agent", f"custom_reward_function.path={gsm8k}",
         "custom_reward_function.name=compute_score", "+custom_reward_function.reward_kwargs.latency_hi=0",
         "+reward.async_agent.max_concurrency=64", "reward.async_agent.max_attempts=5", "+mini_batch_pipeline=false",
-    ))
+    )
+    settings = prepare(config)
+    assert settings.agent.agent.max_concurrency == 64 and settings.agent.reward.kwargs == {"latency_hi": 0}
     assert config.reward.reward_manager.name == "async_agent"
     assert config.reward.custom_reward_function.name == "compute_score"
     assert config.reward.custom_reward_function.reward_kwargs == {"latency_hi": 0}
@@ -218,7 +220,8 @@ def test_our_entry_point_takes_plus_spellings_and_migrates_the_whole_legacy_bloc
     # every spelling of the selector composes on ours
     for selector in ("reward_model.reward_manager.name=async_agent", "+reward_model.reward_manager.name=async_agent",
                      "reward_model.reward_manager=async_agent"):
-        assert prepare(ours_config(selector)).reward.reward_manager.name == "async_agent"
+        config = ours_config(selector)
+        assert prepare(config).reward_manager == "async_agent" == config.reward.reward_manager.name
     # a misspelt setting keeps its '+' and is refused by the settings check, by name
     with pytest.raises(ValueError, match="max_concurency"):
         prepare(ours_config("reward.reward_manager.name=async_agent", "+reward.async_agent.max_concurency=3"))

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import REWARDS
-from verl_async_rm.cpu_backend.launch import CPURunConfig, run
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, run
 from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]

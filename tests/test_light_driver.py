@@ -16,9 +16,9 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from tests.conftest import ROOT
-from verl_async_rm.cpu_backend import light_driver
-from verl_async_rm.cpu_backend.launch import CPURunConfig, build_env, build_overrides
-from verl_async_rm.cpu_backend.names import LIGHT_DRIVER_ENV
+from verl_async_rm_rig.cpu_backend import light_driver
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, build_env, build_overrides
+from verl_async_rm_rig.cpu_backend.names import LIGHT_DRIVER_ENV
 
 STOCK = []
 BOTH = ["mini_batch_pipeline=true", "off_policy_steps=1"]
@@ -36,7 +36,8 @@ def launcher_config(tmp_path, trainer: str, strategy: list[str], deterministic: 
                        ray_address=ray_address)
     overrides = build_overrides(cfg, ray_tmp_dir="/tmp/x", runtime_env_vars=runtime_env_vars)
     with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
-        return prepare(compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides)))
+        config = compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides))
+    return config, prepare(config)  # the config completed in place, and the run's settings
 
 
 class _Stop(Exception):
@@ -78,7 +79,7 @@ def test_same_ray_init_environment_and_runner_as_verls_driver(tmp_path, trainer,
 
     from verl_async_rm.main_ppo import task_runner
 
-    config = launcher_config(tmp_path, trainer, strategy, deterministic)
+    config, settings = launcher_config(tmp_path, trainer, strategy, deterministic)
     environ = build_env(CPURunConfig(out_dir=str(tmp_path)), metrics_path="/tmp/m.jsonl")  # as the launcher's stock driver
     environ.pop(light_driver.JOB_CONFIG_ENV, None)
     verls = verl_driver(copy.deepcopy(config), environ)
@@ -94,13 +95,13 @@ def test_same_ray_init_environment_and_runner_as_verls_driver(tmp_path, trainer,
 
     assert without_side_effects(ours) == without_side_effects(verls["environ"])
     runner = verls["runner"]
-    assert light_driver.runner_class(task_runner(config)) is runner.__ray_actor_class__
+    assert light_driver.runner_class(task_runner(settings)) is runner.__ray_actor_class__
     assert ray.remote(light_driver.TaskRunnerHost)._default_options == runner._default_options
 
 
 def test_a_run_on_a_shared_cluster_connects_as_verls_driver_would(tmp_path):
     # shared_cluster.py: the run is a job on a running cluster; its environment rides in the runtime env
-    config = launcher_config(tmp_path, "v0", BOTH, ray_address="192.0.2.2:6380",
+    config, _ = launcher_config(tmp_path, "v0", BOTH, ray_address="192.0.2.2:6380",
                              runtime_env_vars={"VERL_FILE_LOGGER_PATH": "/o/metrics-0.jsonl"})
     environ = build_env(CPURunConfig(out_dir=str(tmp_path)), metrics_path="/tmp/m.jsonl")
     environ.pop(light_driver.JOB_CONFIG_ENV, None)
@@ -161,9 +162,9 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from tests.test_light_driver import launcher_config, BOTH
-from verl_async_rm.cpu_backend import light_driver
+from verl_async_rm_rig.cpu_backend import light_driver
 for trainer in ("v0", "v1"):
-    config = launcher_config(Path({str(tmp_path)!r}), trainer, BOTH)
+    config, _ = launcher_config(Path({str(tmp_path)!r}), trainer, BOTH)
     environ = {{}}
     light_driver.prepare_environ(config, environ)
     light_driver.ray_init_kwargs(config, environ)
@@ -179,8 +180,8 @@ print(heavy)
 @pytest.mark.slow
 def test_a_v1_strategy_run_trains_through_the_light_driver(tmp_path):
     """verl's v1 TaskRunner run in the host actor (the demo's lanes are v0: tests/trainer/test_demo.py)."""
-    from verl_async_rm import demo
-    from verl_async_rm.cpu_backend.launch import prepare_assets, run
+    from verl_async_rm_rig import demo
+    from verl_async_rm_rig.cpu_backend.launch import prepare_assets, run
 
     assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path / "assets")))
     cfg = demo.lane_config(tmp_path / "both", assets, "both", 2, 0, demo.uniform_judge((0.01, 0.05)), trainer="v1")

@@ -12,12 +12,12 @@ from omegaconf import OmegaConf
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.ledger import SettledGroup
+from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.masking import (
     MASKABLE_ESTIMATORS,
     MaskShape,
     check_masking,
     decide,
-    mask_shape_from_config,
 )
 from verl_async_rm.outcome import Failed, Scored
 from verl_async_rm.policy import Mask, failure_policy, resolve_group
@@ -93,7 +93,7 @@ def test_mask_policy_answers_like_neutral_and_flags_the_failed_sample():
 
 # -- start-time checks -------------------------------------------------------------------------------
 
-OK = MaskShape(failure_policy="mask", min_group_success=2, strategies=True, adv_estimator="grpo", rollout_n=4)
+OK = MaskShape(masks_loss=True, min_group_success=2, strategies=True, adv_estimator="grpo", rollout_n=4)
 
 
 def refusal(**changes) -> str:
@@ -108,7 +108,7 @@ def test_what_mask_accepts():
         check_masking(MaskShape(**{**OK.__dict__, "adv_estimator": estimator}))
     check_masking(MaskShape(**{**OK.__dict__, "actor_loss_agg_mode": "token-sum"}))
     check_masking(MaskShape(**{**OK.__dict__, "adv_estimator": "gae", "use_critic": True, "min_group_success": 1}))
-    check_masking(MaskShape(failure_policy="neutral", strategies=False, actor_loss_agg_mode="seq-mean-token-mean"))
+    check_masking(MaskShape(masks_loss=False, strategies=False, actor_loss_agg_mode="seq-mean-token-mean"))
 
 
 def test_what_mask_refuses_at_start_with_the_reason():
@@ -122,21 +122,25 @@ def test_what_mask_refuses_at_start_with_the_reason():
     assert "no baseline" in refusal(min_group_success=1)
 
 
-def test_the_check_reads_verls_config():
+def test_the_check_reads_verls_config_and_the_agents_settings_once():
     config = OmegaConf.create({
         "reward": {"async_agent": {"failure_policy": "mask", "min_group_success": 3}},
         "algorithm": {"adv_estimator": "rloo"},
-        "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"loss_agg_mode": "token-sum"}},
+        "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"loss_agg_mode": "token-sum", "ppo_mini_batch_size": 8}},
+        "data": {"train_batch_size": 8},
         "mini_batch_pipeline": True,
     })
-    shape = mask_shape_from_config(config)
-    assert shape == MaskShape("mask", 3, True, "rloo", 8, "token-sum", False, "token-sum")
+    shape = read_run_settings(config).mask
+    assert shape == MaskShape(True, 3, True, "rloo", 8, "token-sum", False, "token-sum")
     check_masking(shape)
     config.mini_batch_pipeline = False
     with pytest.raises(ValueError, match="needs the trainer strategies"):
-        check_masking(mask_shape_from_config(config))
+        read_run_settings(config)
     config.off_policy_steps = 1
-    check_masking(mask_shape_from_config(config))
+    read_run_settings(config)
     config.critic = {"enable": True, "loss_agg_mode": "seq-mean-token-sum"}
     with pytest.raises(ValueError, match="critic.loss_agg_mode"):
-        check_masking(mask_shape_from_config(config))
+        read_run_settings(config)
+    # every other policy leaves the loss alone, so nothing about the shape is checked
+    config.reward.async_agent.failure_policy = "neutral"
+    assert not read_run_settings(config).mask.masks_loss

@@ -244,7 +244,8 @@ def test_the_per_sample_manager_refuses_mask_without_a_strategy_and_main_ppo_ref
     from hydra import compose, initialize_config_module
 
     from verl_async_rm.integration.reward_manager import AsyncAgentRewardManager
-    from verl_async_rm.main_ppo import CONFIG_NAME, prepare
+    from verl_async_rm.main_ppo import CONFIG_NAME
+    from tests.harness import prepared
 
     config = OmegaConf.create({
         "reward": {"custom_reward_function": {"path": REWARD, "name": "delayed"},
@@ -259,11 +260,11 @@ def test_the_per_sample_manager_refuses_mask_without_a_strategy_and_main_ppo_ref
                  "reward.async_agent.failure_policy=mask"]
     with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
         with pytest.raises(ValueError, match="needs the trainer strategies"):
-            prepare(compose(CONFIG_NAME, overrides=overrides))
+            prepared(compose(CONFIG_NAME, overrides=overrides))
         with pytest.raises(ValueError, match="still count the masked samples"):
-            prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1",
+            prepared(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1",
                                                     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"]))
-        assert prepare(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1"])).reward.async_agent.failure_policy == "mask"
+        assert prepared(compose(CONFIG_NAME, overrides=[*overrides, "off_policy_steps=1"])).reward.async_agent.failure_policy == "mask"
 
 
 def test_verls_engines_count_a_mini_batchs_tokens_from_the_loss_mask_we_zero():

@@ -73,3 +73,95 @@ def test_cli_summary_names_failures_and_exits_non_zero_past_the_budget(tmp_path,
     else:  # below the budget: scored by the policy, the summary names them
         assert "failure 1" in result.stdout and "cannot judge response 9" in result.stdout
         assert [r["score"] is not None for r in scored] == [True] * 40
+
+
+# -- the product apart from the rig ----------------------------------------------------------------
+
+PRODUCT = ("verl_async_rm", "hydra_plugins")
+NOT_PRODUCT = ("verl_async_rm_rig", "tests", "bench")
+
+
+def _module_name(path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(tops=PRODUCT) -> dict[str, set[str]]:
+    """Module -> the modules it imports, anywhere in its file (lazy imports inside functions too), with
+    relative imports resolved and ``from package import module`` read as an import of the module."""
+    import ast
+
+    modules = {_module_name(p): p for top in tops for p in (ROOT / top).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rpartition(".")[0]
+                imported.add(target)
+        graph[name] = imported
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_product_module_imports_the_rig_tests_or_benchmarks():
+    graph = import_graph()
+    assert len(graph) > 50  # the scan saw the product
+    upward = {module: sorted(t for t in targets if t.split(".")[0] in NOT_PRODUCT) for module, targets in graph.items()}
+    assert {module: targets for module, targets in upward.items() if targets} == {}
+    # nor by name, for importlib or a config string
+    named = [path.relative_to(ROOT).as_posix() for top in PRODUCT for path in (ROOT / top).rglob("*.py")
+             if "verl_async_rm_rig" in path.read_text()]
+    assert named == []
+
+
+def test_the_product_has_no_import_circles():
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]

@@ -59,7 +59,8 @@ PROBE = textwrap.dedent(
     print("PROBE" + json.dumps({"legacy": names(legacy), "loop": names(loop),
                                 "same_class": legacy.get("async_agent") is loop.get("async_agent"),
                                 "v1_mode": v1_mode,
-                                "ours_loaded": sorted(m for m in sys.modules if m.startswith("verl_async_rm"))}))
+                                "ours_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "verl_async_rm"),
+                                "rig_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "verl_async_rm_rig")}))
     """
 )
 
@@ -111,8 +112,10 @@ def test_unsupported_verl_warns_once_and_leaves_verl_exactly_as_stock(stock):
     assert "UnsupportedVerlWarning" in result.stderr and "disabled" in result.stderr
     assert probe["legacy"] == stock["legacy"] and probe["loop"] == stock["loop"]
     assert not probe["v1_mode"]
-    # nothing of ours beyond the version check ran: no hooks, no manager, no CPU backend
+    # nothing of ours beyond the version check ran: no hooks, no manager
     assert probe["ours_loaded"] == ["verl_async_rm", "verl_async_rm.verl_compat", "verl_async_rm.verl_plugin"]
+    # the rig's own plugin (installed beside the product here) loaded and, not asked for, activated nothing
+    assert probe["rig_loaded"] == ["verl_async_rm_rig", "verl_async_rm_rig.cpu_backend", "verl_async_rm_rig.cpu_backend.verl_plugin"]
 
 
 def test_our_entry_point_refuses_an_unsupported_verl_at_start():

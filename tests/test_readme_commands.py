@@ -41,7 +41,7 @@ def test_stock_entry_point_command_runs_as_written(tmp_path, monkeypatch):
     scores a sample against a live OpenAI-compatible judge."""
     from verl_async_rm import RewardAgent
     from verl_async_rm.integration.settings import settings_from_verl_config
-    from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
     (overrides,) = readme_commands("verl.trainer.main_ppo")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUDGE_", "OPENAI_"))}  # as written, no env
@@ -72,12 +72,13 @@ def test_stock_entry_point_command_runs_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.quick
 def test_our_entry_point_commands_compose_and_pass_the_start_checks():
-    from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings, prepare
+    from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings
+    from tests.harness import prepared
 
     configs = []
     for overrides in readme_commands("verl_async_rm.main_ppo"):
         with initialize_config_module("verl_async_rm.hydra_conf", version_base=None):
-            configs.append(prepare(compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides))))
+            configs.append(prepared(compose(CONFIG_NAME, overrides=accept_recipe_spellings(overrides))))
     in_verl, strategies, masked = configs
     assert masked.mini_batch_pipeline and masked.reward.async_agent.failure_policy == "mask"
     assert masked.reward.async_agent.min_group_success == 2

@@ -57,24 +57,24 @@ def verls(*overrides):
     ],
 )
 def test_prepare_refuses_what_would_not_run_as_verl(overrides, match):
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
 
     with pytest.raises(ValueError, match=match):
-        prepare(ours(*overrides))
+        prepared(ours(*overrides))
 
 
 @pytest.mark.parametrize("use_v1, expected", [(True, V1_CLASS), (False, V0_CLASS)])
 def test_the_per_sample_path_gets_its_group_sizes_from_the_agent_loop(use_v1, expected):
     """Strategies off, async_agent scoring inside the agent loop: the group-size stamping manager."""
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
     from verl_async_rm.strategies.plan import strategy_from_mapping
 
-    config = prepare(ours("reward.reward_manager.name=async_agent", f"trainer.use_v1={str(use_v1).lower()}"))
+    config = prepared(ours("reward.reward_manager.name=async_agent", f"trainer.use_v1={str(use_v1).lower()}"))
     assert config.actor_rollout_ref.rollout.agent.agent_loop_manager_class == expected
     assert not strategy_from_mapping(config).enabled
-    chosen = prepare(ours("reward.reward_manager.name=async_agent", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.Manager"))
+    chosen = prepared(ours("reward.reward_manager.name=async_agent", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.Manager"))
     assert chosen.actor_rollout_ref.rollout.agent.agent_loop_manager_class == "my.Manager"  # the user's choice stays
-    naive = prepare(ours())
+    naive = prepared(ours())
     assert not naive.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")  # verl's own config, untouched
 
 
@@ -83,14 +83,14 @@ def test_a_strategy_run_starts_none_of_verls_reward_loop_workers(use_v1):
     """The agent scores every sample of a strategy run, so verl's reward-loop workers (8 by default,
     each a Ray actor importing verl) would only idle: reward.num_workers becomes 0, the legacy
     spelling included; without a strategy verl's value stays."""
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
 
     v1 = f"trainer.use_v1={str(use_v1).lower()}"
     assert ours(v1).reward.num_workers == 8  # verl's default
-    assert prepare(ours(v1, "off_policy_steps=1")).reward.num_workers == 0
-    assert prepare(ours(v1, "off_policy_steps=1", "reward_model.num_workers=4")).reward.num_workers == 0
-    assert prepare(ours(v1, "reward.reward_manager.name=async_agent")).reward.num_workers == 8
-    assert prepare(ours(v1, "reward.num_workers=3")).reward.num_workers == 3
+    assert prepared(ours(v1, "off_policy_steps=1")).reward.num_workers == 0
+    assert prepared(ours(v1, "off_policy_steps=1", "reward_model.num_workers=4")).reward.num_workers == 0
+    assert prepared(ours(v1, "reward.reward_manager.name=async_agent")).reward.num_workers == 8
+    assert prepared(ours(v1, "reward.num_workers=3")).reward.num_workers == 3
 
 
 @pytest.mark.parametrize("module", ["verl_async_rm.integration.group_size_v0", "verl_async_rm.integration.group_size_v1"])

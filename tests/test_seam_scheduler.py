@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import StrategyConfig, TrainerShape, plan_mini_batches, schedule_updates
+from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.strategies.rewards import BatchRewards
 from verl_async_rm.strategies.scheduler import Lookahead, MetricMerger, StepScheduler
 
@@ -30,7 +31,7 @@ def rewards(extra_keys=("verdict",), **agent) -> BatchRewards:
                    "async_agent": {"actor_name": f"seam-{uuid.uuid4().hex}", "extra_keys": list(extra_keys), **agent}},
         "actor_rollout_ref": {"rollout": {"n": N}},
     })
-    return BatchRewards(config, tokenizer=None)
+    return BatchRewards(settings_from_verl_config(config), tokenizer=None)
 
 
 def requests_for(order_of_rows, group_of_row, delays, fails=()):

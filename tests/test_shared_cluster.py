@@ -14,11 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from verl_async_rm.cpu_backend import TMP_DIR_ENV
-from verl_async_rm.cpu_backend.launch import (CPURunConfig, RunningTrainer, base_env, build_overrides,
+from verl_async_rm_rig.cpu_backend import TMP_DIR_ENV
+from verl_async_rm_rig.cpu_backend.launch import (CPURunConfig, RunningTrainer, base_env, build_overrides,
                                               job_runtime_env_vars, park_at_gates)
-from verl_async_rm.cpu_backend.processes import marked_processes
-from verl_async_rm.cpu_backend.shared_cluster import SharedCluster
+from verl_async_rm_rig.cpu_backend.processes import marked_processes
+from verl_async_rm_rig.cpu_backend.shared_cluster import SharedCluster
 
 names = st.text("ABCDEFGHIJ_", min_size=1, max_size=6)
 values = st.text("abc/01", max_size=4)
@@ -147,7 +147,7 @@ def test_a_cluster_that_does_not_start_in_time_is_ended_with_all_it_started():
 
 KILLED_PARENT = """
 import sys, time
-from verl_async_rm.cpu_backend.shared_cluster import SharedCluster
+from verl_async_rm_rig.cpu_backend.shared_cluster import SharedCluster
 cluster = SharedCluster(num_cpus=2, num_gpus=1)
 print(cluster.temp_dir, flush=True)
 time.sleep(600)
@@ -161,7 +161,7 @@ def test_the_cluster_ends_when_the_process_that_started_it_is_killed():
     import subprocess
     import sys
 
-    from verl_async_rm.cpu_backend.processes import reap_leftovers
+    from verl_async_rm_rig.cpu_backend.processes import reap_leftovers
 
     parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     temp_dir = parent.stdout.readline().strip()

@@ -120,7 +120,7 @@ def test_two_agent_actors_share_the_limit_as_training_uses_them(ray_session):
     the loopback judge counts it."""
     import ray
 
-    from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
     from verl_async_rm.loader import RewardSpec
     from verl_async_rm.ray_agent import get_or_create_agent_actor
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.lease_table import window_bucket
 
 pytestmark = pytest.mark.slow  # not "ray": it starts its own cluster, never the session's

@@ -334,10 +334,13 @@ def test_pool_combinations_that_would_be_wrong_are_refused(values, changes, matc
 def test_the_auto_bound_reads_the_agents_ticket_deadline_from_verls_config():
     from omegaconf import OmegaConf
 
-    config = OmegaConf.create({"reward": {"async_agent": {"ticket_deadline": 12.5}}, "max_staleness": "auto"})
-    assert shape_from_config(config).ticket_deadline == 12.5
-    check_strategy(strategy_from_mapping(config), shape_from_config(config))
-    assert shape_from_config(OmegaConf.create({"reward": {"async_agent": {}}})).ticket_deadline is None
+    from verl_async_rm.integration.settings import read_run_settings
+
+    config = OmegaConf.create({"reward": {"async_agent": {"ticket_deadline": 12.5, "request_timeout": 10}}, "max_staleness": "auto"})
+    assert read_run_settings(config).shape.ticket_deadline == 12.5  # read and checked with the strategy
+    assert read_run_settings(OmegaConf.create({"reward": {"async_agent": {}}})).shape.ticket_deadline is None
+    with pytest.raises(ValueError, match="ticket_deadline"):
+        read_run_settings(OmegaConf.create({"reward": {"async_agent": {}}, "max_staleness": "auto"}))
 
 
 def test_on_policy_correction_without_rollout_log_probs_stays_verls_business():

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
-from verl_async_rm.demo_data import make_responses, write_jsonl
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm_rig.demo_data import make_responses, write_jsonl
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.user_rewards import llm_judge
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm.verdict_log import VerdictWriter, load_resume_answers, read_log

@@ -21,7 +21,7 @@ GSM8K_REWARD = str(ROOT / "verl_async_rm" / "user_rewards" / "gsm8k.py")
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
-    from verl_async_rm.cpu_backend.tiny_model import build_tokenizer
+    from verl_async_rm_rig.cpu_backend.tiny_model import build_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer(str(out))
@@ -128,7 +128,7 @@ def test_reward_loop_worker_scores_equal_naive(ray_session, tokenizer, tokenizer
 def test_global_cap_across_reward_workers_and_one_hook_per_group(ray_session, tokenizer, tokenizer_dir, tmp_path):
     from verl.experimental.reward_loop import RewardLoopManager
 
-    from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
     ray = ray_session
     groups, n = 16, 4
@@ -202,7 +202,7 @@ def test_both_selectors_resolve_to_async_agent(tokenizer, tokenizer_dir):
     from verl.trainer.ppo.reward import load_reward_manager
 
     from verl_async_rm.integration.reward_manager import AsyncAgentRewardManager
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
 
     reward = f"reward.custom_reward_function.path={GSM8K_REWARD}"
     name = f"agent-{uuid.uuid4().hex[:6]}"
@@ -212,7 +212,7 @@ def test_both_selectors_resolve_to_async_agent(tokenizer, tokenizer_dir):
         tokenizer_dir, reward, "reward_model.reward_manager.name=async_agent", f"reward.async_agent.actor_name={name}",
         "reward.async_agent.max_concurrency=16", config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer",
     )
-    ours = prepare(ours)
+    ours = prepared(ours)
     assert ours.reward.reward_manager.name == "async_agent" and ours.reward_model.reward_manager is None
     manager = load_reward_manager(ours, tokenizer)
     assert isinstance(manager, AsyncAgentRewardManager) and manager.settings.agent.max_concurrency == 16
@@ -222,24 +222,25 @@ def test_both_selectors_resolve_to_async_agent(tokenizer, tokenizer_dir):
 
 @pytest.mark.quick
 def test_bad_settings_fail_at_start(tokenizer_dir):
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
 
     def ours(*overrides):
         return verl_config(tokenizer_dir, "reward_model.reward_manager.name=async_agent", *overrides,
                            config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer")
 
     with pytest.raises(ValueError, match="reward.async_agent: .*max_concurrency"):
-        prepare(ours("reward.async_agent.max_concurrency=-2"))
+        prepared(ours("reward.async_agent.max_concurrency=-2"))
     with pytest.raises(ValueError, match="group_size"):
-        prepare(ours("reward.async_agent.group_size=0"))
+        prepared(ours("reward.async_agent.group_size=0"))
     with pytest.raises(FileNotFoundError, match="reward file not found"):
-        prepare(ours("reward.custom_reward_function.path=/nope.py"))
+        prepared(ours("reward.custom_reward_function.path=/nope.py"))
     with pytest.raises(ValueError, match="max_concurency"):
-        prepare(ours("+reward.async_agent.max_concurency=3"))
+        prepared(ours("+reward.async_agent.max_concurency=3"))
 
 
 def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
-    from verl_async_rm.main_ppo import AGENT_LOOP_CLASS, V1_MODE, accept_recipe_spellings, prepare
+    from verl_async_rm.main_ppo import AGENT_LOOP_CLASS, V1_MODE, accept_recipe_spellings
+    from tests.harness import prepared
 
     argv = ["+mini_batch_pipeline=True", "+update_pipeline=True", "+off_policy_steps=1", "+foo.bar=1", "trainer.x=1"]
     assert accept_recipe_spellings(argv) == [
@@ -248,7 +249,7 @@ def test_strategy_flags_in_both_spellings_and_their_checks(tokenizer_dir):
 
     def ours(*overrides):
         reward = f"reward.custom_reward_function.path={GSM8K_REWARD}"
-        return prepare(verl_config(tokenizer_dir, reward, *accept_recipe_spellings(list(overrides)),
+        return prepared(verl_config(tokenizer_dir, reward, *accept_recipe_spellings(list(overrides)),
                                    config_module="verl_async_rm.hydra_conf", name="async_ppo_trainer"))
 
     assert ours("+update_pipeline=True").trainer.v1.trainer_mode == V1_MODE  # v1 is verl's default trainer
@@ -270,10 +271,10 @@ def test_strategies_off_hand_verl_its_own_config(tokenizer_dir):
     (plus this package's keys, which verl never reads): the stock trainer, same seed, same run."""
     from omegaconf import OmegaConf
 
-    from verl_async_rm.main_ppo import prepare
+    from tests.harness import prepared
 
     overrides = [f"reward.custom_reward_function.path={GSM8K_REWARD}", "trainer.use_v1=False", "data.seed=3"]
-    ours = OmegaConf.to_container(prepare(verl_config(tokenizer_dir, *overrides, config_module="verl_async_rm.hydra_conf",
+    ours = OmegaConf.to_container(prepared(verl_config(tokenizer_dir, *overrides, config_module="verl_async_rm.hydra_conf",
                                                       name="async_ppo_trainer")))
     stock = OmegaConf.to_container(verl_config(tokenizer_dir, *overrides))
     for key in ("mini_batch_pipeline", "update_pipeline", "off_policy_steps", "mini_batch_order", "stream_rewards",

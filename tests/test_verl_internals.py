@@ -1,10 +1,11 @@
-"""The one list of verl internals the package touches: present in the installed verl with the
-parameters we rely on; complete (every private verl attribute our verl-facing code uses is on it);
-and the v0 loop does everything verl's ``fit`` does, or says why not."""
+"""The list of verl internals the product touches, and the rig's list of its own: present in the installed
+verl with the parameters we rely on; complete (every private verl attribute the verl-facing code uses is on
+its list); and the v0 loop does everything verl's ``fit`` does, or says why not."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata as metadata
 import inspect
 import textwrap
 from pathlib import Path
@@ -12,17 +13,25 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm import verl_internals
+from verl_async_rm.verl_compat import VerlVersionError
+from verl_async_rm_rig.cpu_backend import verl_internals as rig_internals
 
 pytestmark = pytest.mark.quick
 PACKAGE = Path(verl_internals.__file__).parent
-VERL_FACING = [*sorted((PACKAGE / "strategies").glob("*.py")), *sorted((PACKAGE / "integration").glob("*.py")),
-               *sorted((PACKAGE / "cpu_backend").glob("*.py"))]
+RIG = Path(rig_internals.__file__).parent
+VERL_FACING = [*sorted((PACKAGE / "strategies").glob("*.py")), *sorted((PACKAGE / "integration").glob("*.py"))]
 
 
 def test_every_listed_internal_exists_in_the_installed_verl_as_we_use_it():
     assert verl_internals.missing() == []
     assert verl_internals.missing(verl_internals.OTHER_INTERNALS) == []
     assert verl_internals.missing_instance_attributes() == []
+    assert rig_internals.check() == metadata.version("verl")
+
+
+def test_the_rig_refuses_a_verl_that_lacks_one_of_its_internals_by_name():
+    with pytest.raises(VerlVersionError, match=r"verl\.utils\.distributed\.nope is missing"):
+        rig_internals.check((("verl.utils.distributed", "nope", None, "a test"),), ())
 
 
 def test_a_moved_or_changed_internal_is_reported_by_name():
@@ -44,10 +53,10 @@ def _private_uses(path: Path) -> set[str]:
     return names
 
 
-def _own_names() -> set[str]:
+def _own_names(package: Path = PACKAGE) -> set[str]:
     """Underscore names the package defines itself (functions, methods, attributes it assigns)."""
     names = set()
-    for path in PACKAGE.rglob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
@@ -64,6 +73,17 @@ def test_every_private_verl_attribute_our_code_touches_is_listed():
     own = _own_names()
     unlisted = {}
     for path in VERL_FACING:
+        for name in _private_uses(path) - own - listed:
+            unlisted.setdefault(name, []).append(path.name)
+    assert unlisted == {}
+
+
+def test_every_private_verl_attribute_the_rig_touches_is_on_its_list():
+    listed = {dotted.split(".")[-1] for _, dotted, _, _ in rig_internals.INTERNALS}
+    listed |= {attribute for _, _, attribute, _, _ in rig_internals.INSTANCE_ATTRIBUTES}
+    own = _own_names(RIG) | _own_names()  # the rig may use the product's own private names (its tests' business)
+    unlisted = {}
+    for path in sorted(RIG.glob("*.py")):
         for name in _private_uses(path) - own - listed:
             unlisted.setdefault(name, []).append(path.name)
     assert unlisted == {}

@@ -1,6 +1,7 @@
-"""The built wheel, installed NON-editable into a fresh virtual environment and used from outside the
+"""The built wheels, installed NON-editable into a fresh virtual environment and used from outside the
 repository (from a folder holding a user's own ``hydra_conf/`` and ``user_rewards/``, which must not
-shadow ours): the CLI, the registration in verl's registries, both entry points' configs, the demo.
+shadow ours): the CLI, the registration in verl's registries, both entry points' configs; the product's
+wheel holds none of the rig, which comes only with its extra.
 
 The fresh environment is installed the way the README installs into an existing verl environment:
 ``pip install verl-async-rm -c <the environment's own pins>``, so no installed version changes.
@@ -32,31 +33,44 @@ def sh(*cmd, cwd=None, timeout=900, env=None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    # built from a clean copy: setuptools' build/ folder in a working tree keeps files since removed
+def dist(tmp_path_factory) -> Path:
+    """The product's wheel and the rig's, built from a clean copy (setuptools' build/ folder in a working
+    tree keeps files since removed)."""
     source = tmp_path_factory.mktemp("source") / "verl-async-rm"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "outputs", "checkpoints", "__pycache__", ".pytest_cache",
         ".hypothesis"))
     dist = tmp_path_factory.mktemp("dist")
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, source)
+    for project in (source, source / "rig"):
+        sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, project)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def wheel(dist) -> Path:
     (built,) = dist.glob("verl_async_rm-*.whl")
     return built
 
 
 @pytest.fixture(scope="module")
-def venv(wheel, tmp_path_factory) -> Path:
-    """A fresh venv with the wheel and its dependencies, pinned to this environment's versions."""
+def env_root(wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the product's wheel alone (a GPU user's install) and its dependencies, pinned to
+    this environment's versions."""
     root = tmp_path_factory.mktemp("venv")
     # the README's recipe for an existing verl environment: pin everything installed, install against it
-    # (this environment's own editable verl-async-rm is what the wheel replaces, so it is left out)
+    # (this environment's own editable verl-async-rm and its rig are what the wheels replace: left out)
     pins = sh(sys.executable, "-m", "pip", "list", "--format=freeze").stdout
     constraints = root / "constraints.txt"
     constraints.write_text("\n".join(line for line in pins.splitlines() if not line.lower().startswith("verl-async-rm")))
     sh(sys.executable, "-m", "venv", root / "env")
     python = root / "env" / "bin" / "python"
-    sh(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", f"{wheel}[demo]", "-c", constraints)
-    return root / "env" / "bin"
+    sh(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", wheel, "-c", constraints)
+    return root
+
+
+@pytest.fixture(scope="module")
+def venv(env_root) -> Path:
+    return env_root / "env" / "bin"
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +97,8 @@ def test_wheel_ships_examples_and_configs_inside_the_package_only(wheel):
     assert "hydra_plugins/verl_async_rm/__init__.py" in names
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"verl_async_rm", "hydra_plugins"}  # no generic top-level user_rewards, hydra_conf, tests, bench
+    rig = ("cpu_backend", "judge_server", "demo", "verl_async_rm_rig")
+    assert [n for n in names if any(part in n for part in rig)] == []  # none of the rig
 
 
 def test_installed_wheel_is_what_runs(venv, outside):
@@ -98,7 +114,6 @@ def test_cli_scores_with_the_packaged_example_reward(venv, outside):
        "--reward-file", "pkg://verl_async_rm.user_rewards.gsm8k", cwd=outside, env=clean_env())
     scores = [json.loads(line)["score"] for line in (outside / "out.jsonl").read_text().splitlines()]
     assert scores == [0.0, 1.0, 0.0, 0.0]
-    assert "--steps" in sh(venv / "verl-async-rm", "demo", "--help", cwd=outside, env=clean_env()).stdout
 
 
 def test_async_agent_registered_in_both_registries(venv, outside):
@@ -130,3 +145,19 @@ def test_stock_entry_point_moves_the_legacy_spelling(venv, outside):
     assert run["exit"] == 0, run["stderr"]
     assert run["config"]["reward"]["reward_manager"]["name"] == "async_agent"
     assert run["config"]["reward"]["custom_reward_function"]["path"] == "pkg://verl_async_rm.user_rewards.gsm8k"
+
+
+# Last: it installs the rig into the module's venv, which the tests above see as a GPU user's install.
+def test_the_product_installs_without_the_rig_and_the_rig_only_with_its_extra(dist, wheel, venv, env_root, outside):
+    requires = [line for line in zipfile.ZipFile(wheel).read(
+        next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("METADATA"))).decode().splitlines()
+        if line.startswith("Requires-Dist:")]
+    assert [r for r in requires if "verl-async-rm-rig" in r] == ['Requires-Dist: verl-async-rm-rig; extra == "rig"']
+    assert not [r for r in requires if any(name in r for name in ("aiohttp", "matplotlib", "cachetools", "pandas"))]
+    absent = subprocess.run([venv / "python", "-c", "import verl_async_rm_rig"], capture_output=True, text=True,
+                            cwd=outside, env=clean_env())
+    assert absent.returncode == 1 and "No module named 'verl_async_rm_rig'" in absent.stderr
+    # with its extra (found beside the product's wheel, as an index would serve it): the rig and its demo
+    sh(venv / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+       f"{wheel}[rig]", "--find-links", dist, "-c", env_root / "constraints.txt")
+    assert "--steps" in sh(venv / "python", "-m", "verl_async_rm_rig", "demo", "--help", cwd=outside, env=clean_env()).stdout

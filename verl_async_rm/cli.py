@@ -1,16 +1,14 @@
-"""Command line: ``verl-async-rm score ...``, ``verl-async-rm demo`` (training) and ``verl-async-rm score-demo``."""
+"""Command line: ``verl-async-rm score ...`` (score a file of responses) and ``verl-async-rm log`` (read a verdict log)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
-from verl_async_rm.demo_data import make_responses, write_jsonl
 from verl_async_rm.score_file import score_file
 
 
@@ -38,12 +36,6 @@ def _print_summary(summary: dict) -> None:
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else value
         print(f"  {key:<{width}}  {shown}")
-
-
-def _gsm8k_reward() -> str:
-    import verl_async_rm.user_rewards.gsm8k as module
-
-    return module.__file__
 
 
 def _verdict_log_path(args) -> Path | None:
@@ -104,30 +96,6 @@ def cmd_log(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    out = Path(args.out or tempfile.mkdtemp(prefix="verl_async_rm_demo_"))
-    responses = write_jsonl(make_responses(args.problems, args.group_size, args.seed), out / "responses.jsonl")
-    samples = args.problems * args.group_size
-    print(
-        f"demo: {args.problems} problems x {args.group_size} responses = {samples} samples, "
-        f"simulated judge latency uniform {args.latency_lo}-{args.latency_hi}s, cap {args.max_concurrency}\n"
-        f"      (a sequential loop would wait about {samples * (args.latency_lo + args.latency_hi) / 2:.0f}s)"
-    )
-    summary = score_file(
-        responses,
-        _gsm8k_reward(),
-        "compute_score_async",
-        group_size=args.group_size,
-        config={"max_concurrency": args.max_concurrency},
-        reward_kwargs={"latency_lo": args.latency_lo, "latency_hi": args.latency_hi},
-        output_path=out / "scored.jsonl",
-    )
-    print("summary:")
-    _print_summary(summary)
-    print(f"scored responses: {out / 'scored.jsonl'}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,30 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--json", action="store_true", help="print the summary as JSON")
     log.set_defaults(func=cmd_log)
 
-    train_demo = sub.add_parser(
-        "demo", help="the training demo: verl's trainer on CPU with a slow reward, with and without the strategies",
-        add_help=False,
-    )
-    train_demo.set_defaults(func=None)
-
-    demo = sub.add_parser("score-demo", help="score a generated set with a slow simulated judge (no training)")
-    demo.add_argument("--problems", type=int, default=256)
-    demo.add_argument("--group-size", type=int, default=8)
-    demo.add_argument("--latency-lo", type=float, default=0.1)
-    demo.add_argument("--latency-hi", type=float, default=2.0)
-    demo.add_argument("--max-concurrency", type=int, default=512)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", help="folder for responses.jsonl and scored.jsonl (default: a temp folder)")
-    demo.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["demo"]:  # the training demo owns its options
-        from verl_async_rm.demo import main as training_demo
-
-        return training_demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

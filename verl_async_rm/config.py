@@ -7,7 +7,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verl_async_rm.policy import PolicyName
+from verl_async_rm.policy import FailurePolicy, PolicyName, failure_policy
 
 
 class SharedLimitsConfig(BaseModel):
@@ -111,6 +111,11 @@ class AgentConfig(BaseModel):
         if self.verdict_log is not None:
             _check_log_path(self.verdict_log)
         return self
+
+    @property
+    def failure(self) -> FailurePolicy:
+        """The failure policy as an object: what a failed sample scores, and whether it leaves the loss."""
+        return failure_policy(self.failure_policy, fill_value=self.fill_value, neutral_value=self.neutral_value)
 
     @property
     def budgeted(self) -> bool:

@@ -9,20 +9,16 @@ here before any Ray worker starts, and the strategy flags.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from verl_async_rm.cpu_backend.finish_marker import mark_finished
-from verl_async_rm.cpu_backend.names import LIGHT_DRIVER_ENV
-from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
-from verl_async_rm.integration.settings import settings_from_verl_config
-from verl_async_rm.loader import check_spec
-from verl_async_rm.masking import check_masking, mask_shape_from_config
 from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
-from verl_async_rm.strategies.plan import V1_MODE, check_strategy, shape_from_config, strategy_from_mapping
+from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
+from verl_async_rm.integration.settings import RunSettings, read_run_settings
+from verl_async_rm.loader import check_spec
+from verl_async_rm.strategies.plan import V1_MODE
 from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
 
 AGENT_LOOP_CLASS = "verl_async_rm.strategies.agent_loop.AgentLoopManagerWithoutRewards"
@@ -31,13 +27,13 @@ CONFIG_NAME = "async_ppo_trainer"  # verl_async_rm/hydra_conf/: verl's ppo_train
 SETTINGS_CONFIG = "async_reward_settings"  # our keys alone, shared by async_ppo_trainer and async_ppo_megatron_trainer
 
 
-def prepare(config: DictConfig) -> DictConfig:
+def prepare(config: DictConfig) -> RunSettings:
+    """Check the run and complete its config (in place) before any Ray worker starts; its settings."""
     migrate_legacy_reward_config(config)  # the whole legacy block, whichever manager it names
-    strategy = strategy_from_mapping(config)
-    if config.reward.reward_manager.name == "async_agent" or strategy.enabled:
-        check_spec(settings_from_verl_config(config).reward, construct=True)  # bad settings or reward: fail now
-    check_strategy(strategy, shape_from_config(config))  # everything the strategies cannot run as verl would
-    check_masking(mask_shape_from_config(config))  # failure_policy=mask: only where it is exact
+    settings = read_run_settings(config)  # bad settings, or what cannot run as verl would: fail now
+    strategy = settings.strategy
+    if settings.uses_agent:
+        check_spec(settings.agent.reward, construct=True)  # a reward that cannot load: fail now
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
     if strategy.enabled:
@@ -60,17 +56,17 @@ def prepare(config: DictConfig) -> DictConfig:
         # Stamps each sample with its group's real size, so the per-sample path never waits on a timer.
         with open_dict(config):
             agent.agent_loop_manager_class = GROUP_SIZE_V1_CLASS if config.trainer.get("use_v1", True) else GROUP_SIZE_V0_CLASS
-    return config
+    return settings
 
 
 V0_STRATEGY_RUNNER = "verl_async_rm.strategies.v0_runner:AsyncRewardTaskRunnerActor"
 
 
-def task_runner(config: DictConfig) -> str:
+def task_runner(settings: RunSettings) -> str:
     """``module:Name`` of the TaskRunner this run's driver starts: verl's, or ours for v0 strategies."""
-    if config.trainer.get("use_v1", True):
+    if settings.shape.use_v1:
         return "verl.trainer.main_ppo:TaskRunnerV1"
-    if strategy_from_mapping(config).enabled:
+    if settings.strategy.enabled:
         return V0_STRATEGY_RUNNER
     return "verl.trainer.main_ppo_v0:TaskRunner"
 
@@ -85,15 +81,9 @@ def check_as_verls_driver(config: DictConfig) -> None:
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
 
 
-@hydra.main(config_path="pkg://verl_async_rm.hydra_conf", config_name=CONFIG_NAME, version_base=None)
-def main(config: DictConfig) -> None:
-    config = prepare(config)
-    runner = task_runner(config)
-    if os.environ.get(LIGHT_DRIVER_ENV) == "1":  # the CPU backend's opt-in: this process never imports verl
-        from verl_async_rm.cpu_backend import light_driver
-
-        light_driver.run(config, runner)
-    elif runner != V0_STRATEGY_RUNNER:
+def run(config: DictConfig, settings: RunSettings) -> None:
+    """Train on a config ``prepare`` has made: verl's driver with the TaskRunner ``task_runner`` names."""
+    if task_runner(settings) != V0_STRATEGY_RUNNER:
         from verl.trainer.main_ppo import main as verl_main
 
         verl_main.__wrapped__(config)  # verl's own body, undecorated
@@ -104,7 +94,11 @@ def main(config: DictConfig) -> None:
 
         check_as_verls_driver(config)
         run_ppo(config, task_runner_class=AsyncRewardTaskRunnerActor)
-    mark_finished()  # only under the CPU backend's launcher, which then ends the run (cpu_backend/finish_marker.py)
+
+
+@hydra.main(config_path="pkg://verl_async_rm.hydra_conf", config_name=CONFIG_NAME, version_base=None)
+def main(config: DictConfig) -> None:
+    run(config, prepare(config))
 
 
 @functools.cache

@@ -29,9 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from verl_async_rm.strategies.plan import BATCH_STATISTIC, GROUP_EXACT, _select, needs_critic, strategy_from_mapping
+from verl_async_rm.config import AgentConfig
+from verl_async_rm.strategies.plan import BATCH_STATISTIC, GROUP_EXACT, _select, needs_critic
 
-MASK = "mask"
 MASKED_SAMPLES_METRIC = "async_rm/masked_samples"
 DROPPED_GROUPS_METRIC = "async_rm/dropped_groups"
 # Rollout-dump columns with failure_policy=mask (trainer.rollout_data_dir): what the updates trained on.
@@ -93,8 +93,8 @@ def decide(rows: Sequence[Any], groups: Sequence[Hashable], samples: Sequence[Ha
 class MaskShape:
     """The values of verl's config that decide whether masking is exact."""
 
-    failure_policy: str = "neutral"
-    min_group_success: int = 2
+    masks_loss: bool = False  # the failure policy takes failed samples out of training (``mask``)
+    min_group_success: int = AgentConfig.model_fields["min_group_success"].default  # declared once, there
     strategies: bool = False
     adv_estimator: str = "grpo"
     rollout_n: int = 1
@@ -103,17 +103,15 @@ class MaskShape:
     critic_loss_agg_mode: str = "token-mean"
 
 
-def mask_shape_from_config(config: Any) -> MaskShape:
-    agent = _select(config, "reward.async_agent", {}) or {}
-    getter = getattr(agent, "get", None)
-    policy = getter("failure_policy", "neutral") if getter else "neutral"
-    minimum = getter("min_group_success", 2) if getter else 2
+def mask_shape_from_config(config: Any, masks_loss: bool, min_group_success: int, strategies: bool) -> MaskShape:
+    """verl's side of the shape; ours (the policy, ``min_group_success``, whether a strategy is on) comes
+    validated from the run's settings (``integration/settings.read_run_settings``)."""
     estimator = str(getattr(_select(config, "algorithm.adv_estimator", "grpo"), "value", _select(config, "algorithm.adv_estimator", "grpo")))
     actor_mode = str(_select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean"))
     return MaskShape(
-        failure_policy=str(policy or "neutral"),
-        min_group_success=2 if minimum is None else minimum,
-        strategies=strategy_from_mapping(config).enabled,
+        masks_loss=masks_loss,
+        min_group_success=min_group_success,
+        strategies=strategies,
         adv_estimator=estimator,
         rollout_n=int(_select(config, "actor_rollout_ref.rollout.n", 1)),
         actor_loss_agg_mode=actor_mode,
@@ -124,7 +122,7 @@ def mask_shape_from_config(config: Any) -> MaskShape:
 
 def check_masking(shape: MaskShape) -> None:
     """One clear error, at start, for every configuration ``mask`` cannot honour exactly."""
-    if shape.failure_policy != MASK:
+    if not shape.masks_loss:
         return
     if not shape.strategies:
         raise ValueError(

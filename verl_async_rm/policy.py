@@ -31,6 +31,9 @@ POLICIES: tuple[str, ...] = ("neutral", "fill", "raise", "mask")
 
 class FailurePolicy(Protocol):
     name: str
+    # True: a failed sample is to leave training altogether (its loss, the loss's normalisation, its
+    # group's statistics), which only the trainer strategies can do (masking.py); asked, never the name.
+    masks_loss: bool
 
     def substitute(self, successes: list[float]) -> float | None:
         """The score of a failed sample in a group with these successful scores; None: raise."""
@@ -40,6 +43,7 @@ class FailurePolicy(Protocol):
 class Neutral:
     neutral_value: float = 0.0
     name: str = "neutral"
+    masks_loss: bool = False
 
     def substitute(self, successes: list[float]) -> float:
         return sum(successes) / len(successes) if successes else self.neutral_value
@@ -49,6 +53,7 @@ class Neutral:
 class Fill:
     fill_value: float = 0.0
     name: str = "fill"
+    masks_loss: bool = False
 
     def substitute(self, successes: list[float]) -> float:
         return self.fill_value
@@ -60,11 +65,13 @@ class Mask(Neutral):
     ``reward_failed`` flag and train on the sample not at all."""
 
     name: str = "mask"
+    masks_loss: bool = True
 
 
 @dataclass(frozen=True)
 class Raise:
     name: str = "raise"
+    masks_loss: bool = False
 
     def substitute(self, successes: list[float]) -> None:
         return None

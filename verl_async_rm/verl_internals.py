@@ -21,8 +21,7 @@ V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"
 INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     # -- v0 trainer: strategies/v0.py (fit's loop around our step body; the step's verl functions) --
     (V0_TRAINER, "RayPPOTrainer.fit", ("self",), "v0.py overrides it"),
-    (V0_TRAINER, "RayPPOTrainer._validate", ("self", "merged"), "v0.py calls it; cpu_backend/start_gate.py wraps it"),
-    (V1_TRAINER, "PPOTrainer._validate", ("self",), "cpu_backend/start_gate.py wraps it (the demo's start gate)"),
+    (V0_TRAINER, "RayPPOTrainer._validate", ("self", "merged"), "v0.py calls it"),
     (V0_TRAINER, "RayPPOTrainer._load_checkpoint", ("self",), "v0.py"),
     (V0_TRAINER, "RayPPOTrainer._save_checkpoint", ("self",), "v0.py overrides it (loader state)"),
     (V0_TRAINER, "RayPPOTrainer._get_gen_batch", ("self", "batch"), "v0.py"),
@@ -120,32 +119,10 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     (V1_TRAINER, "PPOTrainer._log_rollout_data", ("self", "batch", "timing_raw", "rollout_data_dir"), "v1.py overrides it (mask columns)"),
     (V1_TRAINER, "PPOTrainer._dump_generations",
      ("self", "inputs", "outputs", "gts", "scores", "reward_extra_infos_dict", "dump_path"), "v1.py overrides it (mask columns)"),
-    # -- CPU backend: cpu_backend/__init__.py, rollout.py -------------------------------------------------
-    ("verl.plugin.platform.platform_manager", "_current_platform", None, "cpu_backend: platform resolved early"),
-    ("verl.plugin.platform.platform_manager", "PlatformRegistry", None, "cpu_backend"),
-    ("verl.plugin.platform.platform_manager", "set_platform", None, "cpu_backend"),
-    ("verl.plugin.platform.platform_base", "PlatformBase", None, "cpu_backend"),
-    ("verl.utils.distributed", "initialize_global_process_group_ray", ("timeout_second", "backend"), "cpu_backend patches it"),
-    ("verl.utils.model", "load_valuehead_model", ("local_path", "torch_dtype", "model_config", "trust_remote_code"),
-     "cpu_backend patches it"),
-    ("verl.workers.engine.fsdp.transformer_impl", "CPUOffloadPolicy", None, "cpu_backend patches it (no pinning on CPU)"),
-    ("verl.workers.rollout.base", "_ROLLOUT_REGISTRY", None, "cpu_backend registers the hf_cpu adapter"),
-    ("verl.workers.rollout.base", "BaseRollout", None, "cpu_backend"),
-    ("verl.workers.rollout.replica", "RolloutReplicaRegistry", None, "cpu_backend"),
-    ("verl.workers.rollout.replica", "RolloutReplica.launch_servers", ("self",), "cpu_backend"),
-    ("verl.workers.rollout.replica", "TokenOutput", None, "cpu_backend/server.py: what its answers unpickle as"),
-    # -- CPU backend's light driver: cpu_backend/light_driver.py (the demo's runs) ----------------------
-    ("verl.trainer.main_ppo", "run_ppo", ("config", "task_runner_class"), "light_driver.py reproduces its ray.init"),
-    ("verl.trainer.constants_ppo", "get_ppo_ray_runtime_env", ("config",), "light_driver.py reproduces it (no GPU)"),
-    ("verl.trainer.constants_ppo", "PPO_RAY_RUNTIME_ENV", None, "light_driver.py: its env vars"),
-    ("verl.trainer.main_ppo", "TaskRunnerV1.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
-    ("verl.trainer.main_ppo_v0", "TaskRunner.__ray_actor_class__.run", ("self", "config"), "light_driver.py runs it in its host"),
-    ("verl.utils.device", "auto_set_device", ("config",), "main_ppo.check_as_verls_driver (our v0 driver, light_driver.py's host)"),
+    # -- our entry point: main_ppo.py (verl's driver, for the v0 strategies' TaskRunner) ------------------
+    ("verl.trainer.main_ppo", "run_ppo", ("config", "task_runner_class"), "main_ppo.run (v0 strategies)"),
+    ("verl.utils.device", "auto_set_device", ("config",), "main_ppo.check_as_verls_driver"),
     ("verl.utils.config", "validate_config", ("config", "use_reference_policy", "use_critic"), "main_ppo.check_as_verls_driver"),
-    ("verl.checkpoint_engine.base", "ColocatedCheckpointEngine", None, "cpu_backend"),
-    ("verl.single_controller.ray.base", "RayWorkerGroup._get_master_addr_port",
-     ("self", "pg", "bundle_index", "master_port_range"), "cpu_backend patches it (no Ray task on one node)"),
-    ("verl.single_controller.ray.base", "get_master_addr_port", None, "cpu_backend calls its body in process"),
 )
 
 
@@ -166,10 +143,6 @@ INSTANCE_ATTRIBUTES: tuple[tuple[str, str, str, str, str], ...] = (
     (V1_TRAINER, "PPOTrainer", "kl_ctrl_in_reward", "__init__", "v1.py swaps it for one step"),
     (V1_TRAINER, "PPOTrainer", "trainer_mode", "__init__", "v1.py"),
     (V1_TRAINER, "PPOTrainer", "reward_loop_manager", "_setup", "v1.py hides its handles"),
-    ("verl.single_controller.ray.base", "RayWorkerGroup", "_master_addr", "__init__", "cpu_backend's master address patch"),
-    ("verl.single_controller.ray.base", "RayWorkerGroup", "_master_port", "__init__", "cpu_backend's master address patch"),
-    # Ray's, as verl's task is a Ray remote function: the function it wraps
-    ("ray.remote_function", "RemoteFunction", "_function", "__init__", "cpu_backend's master address patch"),
 )
 
 

@@ -44,7 +44,7 @@ def supported_verl() -> bool:
         low, high = SUPPORTED_VERL
         warnings.warn(
             f"verl_async_rm supports verl>={low},<{high}, but verl {version} is installed: its async_agent reward "
-            f"manager, trainer strategies and CPU backend are disabled, and verl runs as without it. "
+            f"manager and trainer strategies are disabled, and verl runs as without it. "
             f"Install a supported verl (pip install 'verl>={low},<{high}') or uninstall verl-async-rm.",
             UnsupportedVerlWarning,
             stacklevel=2,
@@ -60,9 +60,6 @@ def _load() -> None:
         from verl_async_rm.integration.register import install
 
         install()  # async_agent, registered when verl imports its reward-manager registries
-        from verl_async_rm.cpu_backend import activate_if_requested  # CPU backend, only if VERL_ASYNC_RM_CPU=1
-
-        activate_if_requested()
     except Exception as exc:  # noqa: BLE001 - never break ``import verl``; made visible instead
         print(f"[verl_async_rm] plugin failed to load: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         _log.error("verl_async_rm plugin failed to load", exc_info=True)

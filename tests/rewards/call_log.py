@@ -3,7 +3,7 @@ sample's split and index (so a test can check who scored every sample, across pr
 
 import ray
 
-from verl_async_rm.cpu_backend.toy_task import compute_score as toy_score
+from verl_async_rm_rig.cpu_backend.toy_task import compute_score as toy_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, call_log=None):

@@ -10,7 +10,7 @@
 
 import hashlib
 
-from verl_async_rm.cpu_backend.toy_task import compute_score as toy_score
+from verl_async_rm_rig.cpu_backend.toy_task import compute_score as toy_score
 
 NAIVE_KEYS = ("split", "max_global_steps", "num_turns", "rollout_reward_scores")
 

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 
 def test_demo_runs_and_reports(tmp_path):
-    cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", "2", "--latency-hi", "0.5", "--quiet",
+    cmd = [sys.executable, "-m", "verl_async_rm_rig", "demo", "--steps", "2", "--latency-hi", "0.5", "--quiet",
            "--modes", "zero_latency,baseline,both", "--out", str(tmp_path)]
     clusters_before = _processes_mentioning("/tmp/vrs")  # shared clusters' temp dirs (shared_cluster.py)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)

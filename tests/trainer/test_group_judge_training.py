@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.rollout_dump import dump_rows
-from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run
-from verl_async_rm.cpu_backend.toy_task import score_text
-from verl_async_rm.judge_server import JudgeServer, JudgeServerConfig, group_prompt
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, run
+from verl_async_rm_rig.cpu_backend.toy_task import score_text
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, group_prompt
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 STEPS, PROMPTS, N = 4, 8, 4

@@ -34,8 +34,8 @@ from tests.conftest import ROOT
 from tests.trainer import multi_output_loop
 from tests.trainer.rollout_dump import dump_rows
 from tests.trainer.seam_reward import fails
-from verl_async_rm.cpu_backend.launch import CPURunConfig, prepare_assets, run, start
-from verl_async_rm.cpu_backend.toy_task import score_text, write_dataset
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, run, start
+from verl_async_rm_rig.cpu_backend.toy_task import score_text, write_dataset
 
 # The first test's setup runs the module's shared fixture: a dozen trainers, two at a time
 # (train_together; ~1 min each on 2 idle cores), more than the suite's 900 s per-test timeout allows.

@@ -59,7 +59,7 @@ from verl_async_rm.normalize import normalize_group_scores
 from verl_async_rm.outcome import (
     AgentClosed, BudgetExceeded, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
 )
-from verl_async_rm.policy import failure_policy, resolve_group
+from verl_async_rm.policy import resolve_group
 from verl_async_rm.retry import RetryPolicy
 
 _log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class ScoringEngine:
         self.loop = loop
         self.id = secrets.token_hex(4)  # ticket ids never repeat across agents (a re-created actor)
         self._ticket_numbers = itertools.count()
-        self.policy = failure_policy(config.failure_policy, fill_value=config.fill_value, neutral_value=config.neutral_value)
+        self.policy = config.failure
         self.metrics = AgentMetrics()
         # The agent-wide window: twice the cap (a whole in flight that fails at once is not enough).
         self.recent = RecentFailures(max(200, 2 * config.max_concurrency), config.max_failure_rate)

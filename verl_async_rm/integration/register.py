@@ -24,18 +24,8 @@ import warnings
 from types import ModuleType
 
 from verl_async_rm.integration.import_hooks import after_import
+from verl_async_rm.integration.registries import LEGACY_PACKAGE, REGISTRY_OF_PACKAGE, REWARD_LOOP_PACKAGE
 from verl_async_rm.verl_compat import require_verl
-
-REWARD_LOOP_PACKAGE = "verl.experimental.reward_loop.reward_manager"
-LEGACY_PACKAGE = "verl.workers.reward_manager"
-REWARD_LOOP_REGISTRY = f"{REWARD_LOOP_PACKAGE}.registry"
-LEGACY_REGISTRY = f"{LEGACY_PACKAGE}.registry"
-INTERNALS = (
-    (REWARD_LOOP_REGISTRY, "register"),
-    (LEGACY_REGISTRY, "register"),
-    ("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase"),
-)
-REGISTRY_OF_PACKAGE = {REWARD_LOOP_PACKAGE: REWARD_LOOP_REGISTRY, LEGACY_PACKAGE: LEGACY_REGISTRY}
 
 MANAGER_MODULE = "verl_async_rm.integration.reward_manager"
 
@@ -90,10 +80,3 @@ def install() -> None:
     after_import(LEGACY_PACKAGE, _register_into)
     after_import(V1_TRAINERS, _register_v1_mode)  # trainer.v1.trainer_mode=async_reward
 
-
-def register_where_loaded(manager_cls: type, name: str) -> None:
-    """Register into whichever registries are already imported (the rest wait for their import)."""
-    for registry_name in (REWARD_LOOP_REGISTRY, LEGACY_REGISTRY):
-        registry = sys.modules.get(registry_name)
-        if registry is not None and hasattr(registry, "register"):
-            registry.register(name)(manager_cls)

@@ -9,6 +9,7 @@ Registered in both of verl 0.9's registries, like verl's own ``limited.py``:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from typing import Any
@@ -19,12 +20,11 @@ from omegaconf import DictConfig
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm.integration.client import connect
-from verl_async_rm.integration.register import register_where_loaded
+from verl_async_rm.integration.registries import register_where_loaded
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
 from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
-from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.loader import check_spec
-from verl_async_rm.masking import check_masking, mask_shape_from_config
 
 NAME = "async_agent"
 _log = logging.getLogger(__name__)
@@ -45,11 +45,11 @@ class AsyncAgentRewardManager(RewardManagerBase):
         if tokenizer is None:
             raise TypeError("the async_agent reward manager needs a tokenizer")
         super().__init__(config if config is not None else DictConfig({"reward": {}}), tokenizer, compute_score)
-        self.settings = settings_from_verl_config(self.config)
+        # read and checked here, once, in this process (mask is refused off the strategies: masking.py)
+        self.settings = read_run_settings(self.config).agent
         if reward_fn_key:
-            self.settings = type(self.settings)(**{**self.settings.__dict__, "reward_fn_key": reward_fn_key})
+            self.settings = dataclasses.replace(self.settings, reward_fn_key=reward_fn_key)
         check_spec(self.settings.reward)  # a bad path/name fails here, at start, in this process
-        check_masking(mask_shape_from_config(self.config))  # mask: only under the strategies (masking.py)
         self.client = connect(self.settings)
         self._warned_unstamped = False
 

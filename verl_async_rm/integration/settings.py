@@ -1,4 +1,11 @@
-"""The ``async_agent`` manager's settings, read from verl's config and validated at start.
+"""A run's settings, read from verl's config and validated at start: the one reader of this package's
+keys (the ``reward.async_agent`` block, the strategy flags) and of what it needs of verl's own.
+
+``read_run_settings(config)`` returns them as one typed, frozen object (``RunSettings``: the agent's
+settings, the strategy, the trainer's shape, the masking shape), after every check that needs nothing
+built. It is called once where a run starts (``main_ppo.prepare``; on verl's own entry point, the start
+callback in ``stock_entry.py``), and once in each process verl hands the config to (a trainer, a reward
+manager, an agent-loop worker), which then hands the object down rather than reading the config again.
 
 Agent settings live in a ``reward.async_agent`` block (``+reward.async_agent.max_concurrency=64`` with
 verl's own config; declared with defaults in ``verl_async_rm/hydra_conf/``). Besides every ``AgentConfig`` field it
@@ -16,7 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.loader import RewardSpec
+from verl_async_rm.masking import MaskShape, check_masking, mask_shape_from_config
 from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
+from verl_async_rm.strategies.plan import StrategyConfig, TrainerShape, check_strategy, shape_from_config, strategy_from_mapping
 
 DEFAULT_REWARD = "verl.utils.reward_score:default_compute_score"
 DEFAULT_GROUP_WAIT = 10.0
@@ -81,3 +90,33 @@ def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
         extra_keys=extra_keys,
         reward_fn_key=_select(config, "data.reward_fn_key", "data_source"),
     )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything this package reads of a run's config, validated (``read_run_settings``)."""
+
+    reward_manager: str  # reward.reward_manager.name
+    agent: AsyncAgentSettings
+    strategy: StrategyConfig
+    shape: TrainerShape
+    mask: MaskShape
+
+    @property
+    def uses_agent(self) -> bool:
+        """The run scores through the agent: the async_agent manager, or a trainer strategy."""
+        return self.reward_manager == "async_agent" or self.strategy.enabled
+
+
+def read_run_settings(config: Any) -> RunSettings:
+    """Read and check a run's settings: one clear error for a bad value or a combination the strategies
+    or ``failure_policy: mask`` cannot run as verl would. Loading the reward is left to the caller
+    (``loader.check_spec``): it imports the user's file."""
+    agent = settings_from_verl_config(config)
+    strategy = strategy_from_mapping(config)
+    shape = shape_from_config(config, ticket_deadline=agent.agent.ticket_deadline)
+    mask = mask_shape_from_config(config, masks_loss=agent.agent.failure.masks_loss,
+                                  min_group_success=agent.agent.min_group_success, strategies=strategy.enabled)
+    check_strategy(strategy, shape)  # everything the strategies cannot run as verl would
+    check_masking(mask)  # failure_policy=mask: only where it is exact
+    return RunSettings(reward_manager=shape.reward_manager, agent=agent, strategy=strategy, shape=shape, mask=mask)

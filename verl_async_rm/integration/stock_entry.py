@@ -142,11 +142,11 @@ class AsyncAgentStartCallback(Callback):
             sys.exit(f"[verl_async_rm] could not move the legacy reward config to reward.*: {type(exc).__name__}: {exc}")
         if moved:
             print(f"[verl_async_rm] legacy reward config moved: {', '.join(moved)}", file=sys.stderr, flush=True)
-        from verl_async_rm.integration.settings import settings_from_verl_config
+        from verl_async_rm.integration.settings import read_run_settings
         from verl_async_rm.loader import check_spec
 
         try:
-            check_spec(settings_from_verl_config(config).reward, construct=True)
+            check_spec(read_run_settings(config).agent.reward, construct=True)
         except Exception as exc:  # noqa: BLE001 - as above: stop before any worker starts
             sys.exit(f"[verl_async_rm] async_agent cannot start: {type(exc).__name__}: {exc}")
 

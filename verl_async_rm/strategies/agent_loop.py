@@ -45,8 +45,11 @@ class AgentLoopManagerWithoutRewards(AgentLoopManager):
         if self._validation_rewards is None:
             from verl.utils import hf_tokenizer
 
+            from verl_async_rm.integration.settings import read_run_settings
+
             model = self.config.actor_rollout_ref.model
-            self._validation_rewards = BatchRewards(self.config, hf_tokenizer(model.tokenizer_path or model.path))
+            settings = read_run_settings(self.config).agent  # once: this manager's validation client
+            self._validation_rewards = BatchRewards(settings, hf_tokenizer(model.tokenizer_path or model.path))
         rewards = self._validation_rewards
         tool_fields = output.meta_info.pop(TOOL_FIELDS_KEY)
         non_tensor = output.non_tensor_batch

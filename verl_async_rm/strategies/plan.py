@@ -1,7 +1,6 @@
 """Strategy settings, their checks against the rest of verl's config, and the shape of a step's
-updates. Pure: no verl import, no I/O. Every refusal here is made at start (``main_ppo.prepare``,
-and again in each trainer's constructor for runs through verl's own entry point), before a worker
-is built.
+updates. Pure: no verl import, no I/O. Read and checked with the rest of a run's settings
+(``integration/settings.read_run_settings``), at start, before a worker is built.
 """
 
 from __future__ import annotations
@@ -181,7 +180,8 @@ def needs_critic(adv_estimator: str, critic_enable: Any) -> bool:
     return bool(critic_enable) if critic_enable is not None else adv_estimator == "gae"
 
 
-def shape_from_config(config: Any) -> TrainerShape:
+def shape_from_config(config: Any, ticket_deadline: Optional[float] = None) -> TrainerShape:
+    """verl's side of the shape; ``ticket_deadline`` is the agent's, validated with its settings."""
     estimator = _estimator_name(_select(config, "algorithm.adv_estimator", "grpo"))
     use_critic = needs_critic(estimator, _select(config, "critic.enable"))
     actor_epochs = int(_select(config, "actor_rollout_ref.actor.ppo_epochs", 1))
@@ -207,14 +207,8 @@ def shape_from_config(config: Any) -> TrainerShape:
         actor_shuffle=bool(_select(config, "actor_rollout_ref.actor.shuffle", False)),
         critic_shuffle=bool(_select(config, "critic.shuffle", False)),
         world_size=int(_select(config, "trainer.n_gpus_per_node", 1) or 1) * int(_select(config, "trainer.nnodes", 1) or 1),
-        ticket_deadline=_deadline(_select(config, "reward.async_agent.ticket_deadline")),
+        ticket_deadline=ticket_deadline,
     )
-
-
-def _deadline(value: Any) -> Optional[float]:
-    # validated with the rest of the agent's settings (config.AgentConfig); a value that is not a
-    # number is left to that check's error
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 V1_MODE = "async_reward"

@@ -19,7 +19,7 @@ import numpy as np
 from verl_async_rm.cost import Prices, Usage, chunk_usage
 from verl_async_rm.integration.client import connect
 from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
-from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.integration.settings import AsyncAgentSettings
 from verl_async_rm.strategies.timing import RewardTiming
 
 
@@ -112,8 +112,8 @@ class ScoredRows:
 
 
 class BatchRewards:
-    def __init__(self, config, tokenizer):
-        self.settings = settings_from_verl_config(config)
+    def __init__(self, settings: AsyncAgentSettings, tokenizer):
+        self.settings = settings
         self.client = connect(self.settings)
         self.tokenizer = tokenizer
         self.extra_keys = tuple(self.settings.extra_keys)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 import numpy as np
 
 from verl_async_rm.cost import usage_metrics
-from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASK, MASKED_SAMPLES_METRIC, decide
+from verl_async_rm.masking import DROPPED_GROUPS_METRIC, MASKED_SAMPLES_METRIC, decide
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import MiniBatchPlan, StrategyConfig, UpdateCall, merge_update_calls, schedule_updates
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows
@@ -252,7 +252,7 @@ class StepScheduler:
         """failure_policy=mask: mask the failed rows of these whole groups, and every row of a group
         left with fewer than min_group_success usable samples (see verl_async_rm/masking.py)."""
         agent = self.rewards.settings.agent
-        if agent.failure_policy != MASK:
+        if not agent.failure.masks_loss:
             return set()
         # a sample (one reward request) may stand for several rows (v1: a session's outputs); without
         # the pending tickets (rows scored elsewhere) each row counts as its own sample

@@ -29,7 +29,7 @@ import numpy as np
 
 from verl.experimental.agent_loop import AgentLoopWorker
 from verl_async_rm.integration.decode import decode_requests
-from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.integration.settings import AsyncAgentSettings, read_run_settings
 
 TICKET_KEY = "async_rm_ticket"
 ROW_KEY = "async_rm_row"  # v0: the row's position in the generation batch = its index in the ticket
@@ -67,15 +67,15 @@ _STREAM: contextvars.ContextVar[Optional[_Stream]] = contextvars.ContextVar("asy
 class _AgentHandle:
     """The job's agent actor, looked up by name on first use (created by the trainer at start)."""
 
-    def __init__(self, config):
-        self._config = config
+    def __init__(self, settings: AsyncAgentSettings):
+        self._settings = settings
         self._actor = None
 
     def get(self):
         if self._actor is None:
             from verl_async_rm.ray_agent import get_or_create_agent_actor
 
-            settings = settings_from_verl_config(self._config)
+            settings = self._settings
             self._actor = get_or_create_agent_actor(settings.reward, settings.agent.model_dump(), name=settings.actor_name)
         return self._actor
 
@@ -88,8 +88,9 @@ class StreamingAgentLoopWorker(AgentLoopWorker):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._agent = _AgentHandle(self.config)
-        self._reward_fn_key = settings_from_verl_config(self.config).reward_fn_key
+        settings = read_run_settings(self.config).agent  # once, in this worker's process
+        self._agent = _AgentHandle(settings)
+        self._reward_fn_key = settings.reward_fn_key
 
     async def generate_sequences(self, batch):
         ticket = batch.meta_info.get(TICKET_KEY)

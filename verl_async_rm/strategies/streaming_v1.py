@@ -8,7 +8,7 @@ import ray
 
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns
-from verl_async_rm.integration.settings import settings_from_verl_config
+from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, _AgentHandle, v1_index
 
 
@@ -18,8 +18,9 @@ class StreamingAgentLoopWorkerTQ(AgentLoopWorkerTQ.__ray_actor_class__):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._agent = _AgentHandle(self.config)
-        self._reward_fn_key = settings_from_verl_config(self.config).reward_fn_key
+        settings = read_run_settings(self.config).agent  # once, in this worker's process
+        self._agent = _AgentHandle(settings)
+        self._reward_fn_key = settings.reward_fn_key
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
         await super()._agent_loop_postprocess(output, validate, **kwargs)

@@ -48,18 +48,13 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
 from verl_async_rm.integration.decode import decode_requests, valid_response_lengths
-from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN, MASK, check_masking, mask_shape_from_config
+from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.heap import freeze_trainer_and_workers
 from verl_async_rm.strategies.kl import DeferredKL
-from verl_async_rm.strategies.plan import (
-    UpdateCall,
-    check_strategy,
-    plan_mini_batches,
-    shape_from_config,
-    strategy_from_mapping,
-)
+from verl_async_rm.integration.settings import read_run_settings
+from verl_async_rm.strategies.plan import UpdateCall, plan_mini_batches
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler, drawn_batches
 from verl_async_rm.strategies.streaming import ROW_KEY, TICKET_KEY
@@ -176,11 +171,10 @@ class V0Ops:
 class AsyncRewardRayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.strategy = strategy_from_mapping(self.config)
-        shape = shape_from_config(self.config)
-        check_strategy(self.strategy, shape)  # also reached through verl's own entry point
-        check_masking(mask_shape_from_config(self.config))
-        self.plan = plan_mini_batches(self.strategy, shape)
+        # read and checked once in this process (also reached through verl's own entry point)
+        self.run_settings = read_run_settings(self.config)
+        self.strategy = self.run_settings.strategy
+        self.plan = plan_mini_batches(self.strategy, self.run_settings.shape)
         self.rewards: BatchRewards | None = None
         self.scheduler: StepScheduler | None = None
         self._resume_loader_state = None
@@ -189,7 +183,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
     def init_workers(self):
         super().init_workers()
         if self.strategy.enabled:
-            self.rewards = BatchRewards(self.config, self.tokenizer)
+            self.rewards = BatchRewards(self.run_settings.agent, self.tokenizer)
             self.scheduler = StepScheduler(
                 self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
                 reduce_lists=reduce_metrics, timer=marked_timer,
@@ -397,7 +391,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:
             extra = {key: batch.non_tensor_batch[key] for key in self.rewards.fixed_keys}
-            if self.rewards.settings.agent.failure_policy == MASK:
+            if self.rewards.settings.agent.failure.masks_loss:
                 # what the updates trained on: a masked row has no loss tokens and a zero advantage
                 extra[LOSS_TOKENS_COLUMN] = batch.batch["response_mask"].sum(-1).tolist()
                 extra[ADVANTAGE_COLUMN] = batch.batch["advantages"][:, 0].tolist()

@@ -36,13 +36,11 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
 from verl_async_rm.integration.group_sizes import sessions_per_prompt
+from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.masking import (
     ADVANTAGE_COLUMN,
     LOSS_MASK_TOKENS_COLUMN,
     LOSS_TOKENS_COLUMN,
-    MASK,
-    check_masking,
-    mask_shape_from_config,
 )
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.heap import freeze_trainer_and_workers
@@ -51,10 +49,7 @@ from verl_async_rm.strategies.plan import (
     MAX_OFF_POLICY_STEPS,
     V1_MODE,
     UpdateCall,
-    check_strategy,
     plan_mini_batches,
-    shape_from_config,
-    strategy_from_mapping,
 )
 from verl_async_rm.strategies.pool import auto_staleness_bound, short_of_supply, supply_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
@@ -195,10 +190,9 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _build_replay_buffer(self):
         # In verl's __init__, before any worker: refuse here what cannot run (verl's own entry point
         # reaches this mode without our main_ppo's checks).
-        self.strategy = strategy_from_mapping(self.config)
-        shape = shape_from_config(self.config)
-        check_strategy(self.strategy, shape)
-        check_masking(mask_shape_from_config(self.config))
+        self.run_settings = read_run_settings(self.config)  # read and checked once in this process
+        self.strategy = self.run_settings.strategy
+        shape = self.run_settings.shape
         if self.strategy.enabled:  # verl's stock entry point reaches here without main_ppo's prepare
             without_reward_loop_workers(self.config)
         self.plan = plan_mini_batches(self.strategy, shape)
@@ -235,7 +229,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     def on_init_end(self):
         self.reward_loop_manager = _WithoutStreamingRewards(self.reward_loop_manager)
-        self.rewards = BatchRewards(self.config, self.tokenizer)
+        self.rewards = BatchRewards(self.run_settings.agent, self.tokenizer)
         self.scheduler = StepScheduler(self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
                                        reduce_lists=reduce_metrics, timer=marked_timer)
         self.lookahead = Lookahead(self.strategy.off_policy_steps)
@@ -543,7 +537,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str):
         """verl's dump; with failure_policy=mask also what the updates trained on, per row."""
         self._mask_columns = None
-        if self.rewards.settings.agent.failure_policy == MASK:
+        if self.rewards.settings.agent.failure.masks_loss:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=["response_mask", "loss_mask", "advantages"])
             self._mask_columns = {

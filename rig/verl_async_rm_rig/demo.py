@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_async_rm.cpu_backend.assets import read_built
-from verl_async_rm.cpu_backend.latency import MODELS as LATENCY_MODELS
-from verl_async_rm.cpu_backend.latency import JudgeModel
-from verl_async_rm.cpu_backend.launch import (
+from verl_async_rm_rig.cpu_backend.assets import read_built
+from verl_async_rm_rig.cpu_backend.latency import MODELS as LATENCY_MODELS
+from verl_async_rm_rig.cpu_backend.latency import JudgeModel
+from verl_async_rm_rig.cpu_backend.launch import (
     CPURunConfig,
     RunningTrainer,
     RunResult,
@@ -48,9 +48,9 @@ from verl_async_rm.cpu_backend.launch import (
     run,
     toy_reward_path,
 )
-from verl_async_rm.cpu_backend.shared_cluster import SharedCluster
-from verl_async_rm.cpu_backend.start_gate import passed_marker
-from verl_async_rm.cpu_backend.toy_task import JUDGE_LOG_ENV
+from verl_async_rm_rig.cpu_backend.shared_cluster import SharedCluster
+from verl_async_rm_rig.cpu_backend.start_gate import passed_marker
+from verl_async_rm_rig.cpu_backend.toy_task import JUDGE_LOG_ENV
 
 MODES: dict[str, list[str]] = {
     "zero_latency": [],
@@ -390,7 +390,7 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
     picture = out / "timeline.png"
     draw_timeline(results, picture)
     return {
-        "command": " ".join(["python -m verl_async_rm.demo", *sys.argv[1:]]),
+        "command": " ".join(["python -m verl_async_rm_rig.demo", *sys.argv[1:]]),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "steps": steps, "latency_s": list(latency), "judge": judge, "request_timeout_s": request_timeout,
         "trainer": trainer, "seed": seed,
@@ -432,7 +432,7 @@ def judge_from_args(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_async_rm.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m verl_async_rm_rig demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--trainer", choices=("v0", "v1"), default=DEFAULT_TRAINER,

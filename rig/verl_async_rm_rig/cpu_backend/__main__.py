@@ -1,4 +1,4 @@
-"""CLI: ``python -m verl_async_rm.cpu_backend --trainer v1 --steps 4 --out /tmp/run [hydra overrides...]``.
+"""CLI: ``python -m verl_async_rm_rig.cpu_backend --trainer v1 --steps 4 --out /tmp/run [hydra overrides...]``.
 
 Anything after the known options (or after ``--``) is passed to verl as hydra overrides, e.g.
 ``reward.reward_manager.name=naive trainer.test_freq=2``.
@@ -14,7 +14,7 @@ from .launch import DEFAULT_ENTRY, REWARD_KEY, CPURunConfig, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_async_rm.cpu_backend", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m verl_async_rm_rig.cpu_backend", description=__doc__.splitlines()[0])
     p.add_argument("--trainer", choices=["v0", "v1"], default="v1")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--out", required=True, help="output dir: model, data, checkpoints, metrics-N.jsonl, train-N.log")

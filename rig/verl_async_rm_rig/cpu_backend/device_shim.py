@@ -22,7 +22,7 @@ _DeviceProperties = namedtuple("_DeviceProperties", ["name", "total_memory", "ma
 
 class CpuDeviceModule(types.ModuleType):
     def __init__(self) -> None:
-        super().__init__("verl_async_rm.cpu_backend.device_shim.cpu")
+        super().__init__("verl_async_rm_rig.cpu_backend.device_shim.cpu")
         self._peak_rss = 0
 
     # -- forwarded to torch.cpu unless defined here ----------------------------------------------

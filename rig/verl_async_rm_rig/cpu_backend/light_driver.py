@@ -103,8 +103,10 @@ class TaskRunnerHost:
     def run(self, config: DictConfig, runner: str) -> None:
         from verl_async_rm.main_ppo import check_as_verls_driver
 
+        from . import verl_internals
         from .assets import build_if_asked
 
+        verl_internals.check(verl_internals.LIGHT_DRIVER)  # what this driver reproduces of verl's
         runner_cls = runner_class(runner)  # verl's imports first: then the assets' build adds ~1 s, not torch's import
         build_if_asked()  # CPURunConfig.assets_dir: the first run here builds the model and data, once
         check_as_verls_driver(config)

@@ -20,8 +20,8 @@ Python use (sync or async; the server runs on its own event loop in a daemon thr
 
 Command line::
 
-    python -m verl_async_rm.judge_server --port 0 --latency 0.5:2.0 --rate-429 0.1
-    python -m verl_async_rm.judge_server --bucket-capacity 30 --bucket-refill 3 --storm 60:20
+    python -m verl_async_rm_rig.judge_server --port 0 --latency 0.5:2.0 --rate-429 0.1
+    python -m verl_async_rm_rig.judge_server --bucket-capacity 30 --bucket-refill 3 --storm 60:20
 
 Flow control as real APIs do it (for testing a client's back-pressure): a token bucket
 (``bucket_capacity`` C, ``bucket_refill_per_s`` r: "30 requests per 10 s" is C=30, r=3) that answers
@@ -884,7 +884,7 @@ def _parse_storm(text: str) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_async_rm.judge_server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m verl_async_rm_rig.judge_server", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback only")
     p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
     p.add_argument("--model", default="judge-stub")

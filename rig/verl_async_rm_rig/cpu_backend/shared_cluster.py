@@ -9,7 +9,7 @@ through the job's runtime env (``launch.job_runtime_env_vars``), and its named a
 job's own anonymous namespace (the rollout server's ``hf_cpu_server_0_0`` exists once per run
 without colliding).
 
-The cluster is held by a small child process (``python -m verl_async_rm.cpu_backend.shared_cluster``)
+The cluster is held by a small child process (``python -m verl_async_rm_rig.cpu_backend.shared_cluster``)
 that starts it with ``ray.init`` and prints the address; it shuts the cluster down when its stdin
 closes, so the cluster ends with the launcher even if the launcher is killed. Why not ``ray start
 --head``: its daemons outlive whatever started them, and its address is printed for people (or left

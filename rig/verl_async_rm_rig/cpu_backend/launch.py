@@ -33,6 +33,8 @@ from .start_gate import GATE_ENV, open_gate, waiting_marker
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 OUR_ENTRY = "verl_async_rm.main_ppo"  # ours: verl's plus our settings and strategies
+# ... which the launcher runs through the rig's wrapper of it (entry.py: the light driver, the finish marker)
+OUR_ENTRY_AS_LAUNCHED = "verl_async_rm_rig.cpu_backend.entry"
 
 
 @dataclass
@@ -396,7 +398,7 @@ class RunningTrainer:
     :func:`run` is ``start(cfg).wait()``. The demo starts several and polls them together."""
 
     def __init__(self, cfg: CPURunConfig, say=None, bar=None):
-        from ._compat import check_installed_version
+        from verl_async_rm.verl_compat import check_installed_version
 
         check_installed_version()  # fail here, not as a swallowed plugin error inside the trainer
         if cfg.start_gate and not cfg.val_before_train:
@@ -424,7 +426,8 @@ class RunningTrainer:
         job_env = job_runtime_env_vars(env, base_env()) if cfg.ray_address else None
         self.overrides = build_overrides(cfg, ray_tmp_dir=self.ray_tmp_dir, replica_log=self.replica_log,
                                          runtime_env_vars=job_env)
-        cmd = [sys.executable, "-m", cfg.entry_module, *self.overrides]
+        module = OUR_ENTRY_AS_LAUNCHED if cfg.entry_module == OUR_ENTRY else cfg.entry_module
+        cmd = [sys.executable, "-m", module, *self.overrides]
         if say:
             say(f"[cpu-backend] starting {cfg.entry_module} ({cfg.trainer}); Ray + workers take ~1 min; log: {self.log_path}")
         self.start_time = time.monotonic()

@@ -10,7 +10,7 @@ How: with ``VERL_ASYNC_RM_CPU_START_GATE=<path>`` in the trainer's environment, 
 ``_validate`` of verl's trainer (v0 ``RayPPOTrainer``, v1 ``PPOTrainer``; the validation before
 step 1, which also absorbs the one-time warm-up) writes ``<path>.waiting`` when it returns and then
 blocks until ``<path>`` exists. The loop, and every step timer in it, starts after the gate, so the
-wait is not in any step time. Installed by :func:`verl_async_rm.cpu_backend.activate` only when the
+wait is not in any step time. Installed by :func:`verl_async_rm_rig.cpu_backend.activate` only when the
 variable is set, and only once the trainer module is imported (no import cost elsewhere).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 GATE_ENV = "VERL_ASYNC_RM_CPU_START_GATE"
-# The trainer classes whose ``_validate`` carries the gate (both listed in verl_internals.INTERNALS).
+# The trainer classes whose ``_validate`` carries the gate (both listed in verl_internals.py).
 GATED = (("verl.trainer.ppo.ray_trainer", "RayPPOTrainer"), ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer"))
 POLL_S = 0.05
 
@@ -58,6 +58,9 @@ def wait_at_gate(gate: str | os.PathLike, timeout_s: float | None = None) -> flo
 
 
 def _gate_first_validation(module: ModuleType, class_name: str) -> None:
+    from . import verl_internals
+
+    verl_internals.check([entry for entry in verl_internals.START_GATE if entry[0] == module.__name__])
     cls = getattr(module, class_name)
     original = cls._validate
     if getattr(original, "_verl_async_rm_gate", False):

@@ -23,7 +23,7 @@ import os
 import random
 import time
 
-from verl_async_rm.cpu_backend.latency import JudgeModel, SimulatedJudgeError
+from verl_async_rm_rig.cpu_backend.latency import JudgeModel, SimulatedJudgeError
 
 DATA_SOURCE = "verl_async_rm/letter_case"
 MIN_CHARS = 8
@@ -105,7 +105,7 @@ async def compute_score_with_latency(
 ):
     """The toy reward behind a simulated remote judge.
 
-    Reward kwargs (see :mod:`verl_async_rm.cpu_backend.latency`): ``latency_model`` (uniform |
+    Reward kwargs (see :mod:`verl_async_rm_rig.cpu_backend.latency`): ``latency_model`` (uniform |
     lognormal), ``latency_lo``/``latency_hi`` or ``latency_p50``/``latency_p99`` seconds, ``hang_prob``,
     ``hang_s``, ``fail_prob``, ``latency_seed``. A bad parameter raises ValueError on the first call.
     With ``VERL_ASYNC_RM_JUDGE_LOG`` set, each call is appended to that file when it ends.

@@ -6,7 +6,7 @@ verl process (driver and Ray workers) when ``VERL_ASYNC_RM_CPU=1``; the launcher
 
 Typical use::
 
-    python -m verl_async_rm.cpu_backend --trainer v1 --steps 4 --out /tmp/run
+    python -m verl_async_rm_rig.cpu_backend --trainer v1 --steps 4 --out /tmp/run
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def is_requested() -> bool:
 
 
 def activate_if_requested() -> bool:
-    """Called from ``verl_async_rm.verl_plugin`` on every ``import verl``; a no-op unless requested."""
+    """Called from the rig's ``verl.plugins`` entry point on every ``import verl``; a no-op unless requested."""
     if not is_requested():
         return False
     activate()
@@ -38,12 +38,14 @@ def activate() -> None:
     global _activated
     if _activated:
         return
-    from ._compat import check_verl, check_version
+    from verl_async_rm.verl_compat import check_version
 
-    check_version()
-    # Before check_verl(): it imports checkpoint_engine.base, which binds the function by name.
+    from . import verl_internals
+
+    check_version(feature="the CPU backend")
+    # Before the internals check: it imports checkpoint_engine.base, which binds the function by name.
     _patch_process_group_backend()
-    check_verl()
+    verl_internals.check(verl_internals.AT_ACTIVATION)
     _register_platform()
     _register_rollout()
     _patch_value_head_loader()
@@ -84,7 +86,7 @@ def _patch_process_group_backend() -> None:
 
     import verl.utils.distributed as dist_utils
 
-    from ._compat import VerlVersionError, verl_version
+    from verl_async_rm.verl_compat import VerlVersionError, verl_version
 
     original = getattr(dist_utils, "initialize_global_process_group_ray", None)
     if original is None:
@@ -128,9 +130,12 @@ def _patch_value_head_loader() -> None:
     """
     from verl_async_rm.integration.import_hooks import after_import
 
+    from . import verl_internals
+
     def patch(module) -> None:
-        original = getattr(module, "load_valuehead_model", None)
-        if original is None or getattr(original, "_verl_async_rm_cpu", False):
+        verl_internals.check(verl_internals.VALUE_HEAD_LOADER)
+        original = module.load_valuehead_model
+        if getattr(original, "_verl_async_rm_cpu", False):
             return
 
         def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
@@ -159,9 +164,12 @@ def _patch_offload_policy_pinning() -> None:
     """
     from verl_async_rm.integration.import_hooks import after_import
 
+    from . import verl_internals
+
     def patch(module) -> None:
-        original = getattr(module, "CPUOffloadPolicy", None)
-        if original is None or getattr(original, "_verl_async_rm_cpu", False):
+        verl_internals.check(verl_internals.OFFLOAD_POLICY)
+        original = module.CPUOffloadPolicy
+        if getattr(original, "_verl_async_rm_cpu", False):
             return
 
         def CPUOffloadPolicy(pin_memory: bool = True, **kwargs):  # noqa: N802 - stands in for the class
@@ -188,7 +196,10 @@ def _patch_master_addr_port() -> None:
 
     from verl_async_rm.integration.import_hooks import after_import
 
+    from . import verl_internals
+
     def patch(module) -> None:
+        verl_internals.check(verl_internals.MASTER_ADDRESS, verl_internals.INSTANCE_ATTRIBUTES)
         original = module.RayWorkerGroup._get_master_addr_port
         if getattr(original, "_verl_async_rm_cpu", False):
             return
@@ -224,7 +235,7 @@ def _register_rollout() -> None:
 
     # Both lazy: this runs inside ``import verl``, and rollout.py itself imports verl.
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica_class)
-    # Worker-side adapter table is private in verl 0.9.1 (no register function); checked by _compat.
+    # Worker-side adapter table is private in verl 0.9.1 (no register function); checked by verl_internals.py.
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
 
 

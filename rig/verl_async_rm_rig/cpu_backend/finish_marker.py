@@ -4,7 +4,7 @@ Why: after its last step a CPU run spends ~3.5 s of wall time exiting (measured 
 driver's Ray shutdown and interpreter exit, 1.7 CPU-s, while the workers wind down), and nothing
 reads what happens then. The demo trains its five lanes one after another, so that is ~17 s of its
 four minutes; the e2e benchmark pays it on every run. With ``VERL_ASYNC_RM_CPU_FINISHED=<path>`` in
-its environment, ``python -m verl_async_rm.main_ppo`` writes ``<path>`` once verl's run has returned
+its environment, our entry point as the launcher runs it (entry.py) writes ``<path>`` once verl's run has returned
 (the loop, its final validation and checkpoints done, every metrics line written: verl's file logger
 is unbuffered). The launcher then ends the run's processes itself, as it does after any run
 (``RunningTrainer.close``), and counts the run as finished. Without the variable, or on verl's own

@@ -15,9 +15,9 @@ DECODE_S_ENV = "VERL_ASYNC_RM_CPU_DECODE_S"
 # numbers whatever their weights, timing or batch composition (common random numbers), so a
 # benchmark's paired learning comparison measures the strategy rather than two sampling draws.
 PAIRED_DRAWS_ENV = "VERL_ASYNC_RM_CPU_PAIRED_DRAWS"
-# "1": ``python -m verl_async_rm.main_ppo`` drives the run without importing verl (light_driver.py).
+# "1": our entry point, as the launcher runs it (entry.py), drives the run without importing verl (light_driver.py).
 LIGHT_DRIVER_ENV = "VERL_ASYNC_RM_LIGHT_DRIVER"
-ADAPTER_FQN = "verl_async_rm.cpu_backend.rollout.HFServerAdapter"
+ADAPTER_FQN = "verl_async_rm_rig.cpu_backend.rollout.HFServerAdapter"
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0, kind: str = "") -> str:
