@@ -76,6 +76,8 @@ def test_a_v0_sample_streamed_from_its_worker_is_requested_as_the_batch_path_req
         assert expected[i]["extra_info"].pop("tool_reward") is None and "tool_reward" not in streamed[i]["extra_info"]
         assert streamed[i] == expected[i]
     assert [r["solution_str"] for r in streamed] == texts
+    # what stock verl's reward sees of the loop is its extra fields: not the worker's agent_name column
+    assert not [r for r in (*streamed, *expected) if "agent_name" in r["extra_info"]]
     assert streamed[1]["extra_info"]["max_global_steps"] == 7 and streamed[1]["extra_info"]["num_turns"] == 2
 
 

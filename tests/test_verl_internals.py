@@ -153,3 +153,36 @@ def test_the_v0_loop_calls_what_verls_fit_calls():
     for name in ("self.train_dataset.on_batch_end", "compute_spec_decode_metrics", "self._log_rollout_data",
                  "compute_variance_proxy_metrics", "self._start_profiling", "self._stop_profiling"):
         assert name in ours, name
+
+
+# -- checked when a run starts, not only here (issue: a 0.9.x patch release that moved one) --------
+
+
+def test_a_run_refuses_to_start_on_a_verl_that_moved_an_internal_naming_each(monkeypatch):
+    """The async_agent manager (built at start in each reward worker) and both strategy trainers check
+    the whole list before anything else; a verl that lacks one is refused there, every symbol named."""
+    from verl_async_rm.integration.reward_manager import AsyncAgentRewardManager
+    from verl_async_rm.strategies.v1 import AsyncRewardTrainer
+
+    moved = (("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._gone_in_a_patch_release", None, "v0.py"),
+             ("verl.experimental.reward_loop.reward_manager.base", "RewardManagerBase.run_single",
+              ("self", "data", "a_new_parameter"), "reward_manager.py"))
+    monkeypatch.setattr(verl_internals, "INTERNALS", (*verl_internals.INTERNALS, *moved))
+    monkeypatch.setattr(verl_internals.missing, "__defaults__", (verl_internals.INTERNALS,))
+    verl_internals._problems.cache_clear()
+    try:
+        with pytest.raises(VerlVersionError) as refused:
+            AsyncAgentRewardManager(None, tokenizer=object())
+        message = str(refused.value)
+        assert "the async_agent reward manager cannot run on verl" in message
+        assert "RayPPOTrainer._gone_in_a_patch_release is missing" in message and "a_new_parameter" in message
+        trainer = AsyncRewardTrainer.__new__(AsyncRewardTrainer)  # verl's __init__ calls this hook first
+        with pytest.raises(VerlVersionError, match="trainer strategies \\(v1\\) cannot run"):
+            trainer._build_replay_buffer()
+    finally:
+        verl_internals._problems.cache_clear()
+
+
+def test_the_installed_verl_passes_the_start_check():
+    verl_internals._problems.cache_clear()
+    verl_internals.require_all("a run")  # the installed, supported verl: nothing missing

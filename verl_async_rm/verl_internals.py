@@ -1,8 +1,10 @@
 """Every verl 0.9.1 internal this package touches that is not a documented, stable API: private
 methods and attributes of verl's trainers and workers we call or override, module globals we patch
 or register into, helpers whose signature we rely on. One list, checked against the installed verl
-by ``tests/test_verl_internals.py`` (presence, and the parameters we pass or override), so a verl
-that moved one fails there, by name, not deep inside a Ray worker.
+(presence, and the parameters we pass or override) by ``tests/test_verl_internals.py`` and by
+:func:`require_all` when a run starts (the trainer strategies' trainers, the ``async_agent`` manager,
+the group-size agent-loop managers), so a verl patch release that moved one is refused at start, by
+name, not hours in at first use.
 
 Each entry: (module, dotted attribute, parameters the code relies on (present, in this order) or
 None, who relies on it).
@@ -11,6 +13,7 @@ Light to import (no verl import): ``missing()`` does the checking.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Optional, Sequence
@@ -188,3 +191,22 @@ def missing_instance_attributes(entries=INSTANCE_ATTRIBUTES) -> list[str]:
         if f"self.{attribute} =" not in source and f"self.{attribute}:" not in source:
             problems.append(f"{module_name}.{cls}.{setter} no longer sets self.{attribute}; used by {user}")
     return problems
+
+
+@functools.cache
+def _problems() -> tuple[str, ...]:
+    # once per process: the modules are imported by then (a run's trainer, manager or agent loop), so
+    # the check costs a few hundred milliseconds at most
+    return (*missing(), *missing(OTHER_INTERNALS), *missing_instance_attributes())
+
+
+def require_all(feature: str) -> None:
+    """Refuse to start ``feature`` on a verl that lacks or changed any internal on the lists, all named."""
+    problems = _problems()
+    if problems:
+        from verl_async_rm.verl_compat import VerlVersionError, verl_version
+
+        raise VerlVersionError(
+            f"{feature} cannot run on verl {verl_version()}: it relies on verl internals that this release lacks or "
+            "changed:\n  " + "\n  ".join(problems) + "\nInstall a verl this package supports, or report it."
+        )

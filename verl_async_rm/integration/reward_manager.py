@@ -24,6 +24,7 @@ from verl_async_rm.integration.registries import register_where_loaded
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
 from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
 from verl_async_rm.integration.settings import read_run_settings
+from verl_async_rm import verl_internals
 from verl_async_rm.loader import check_spec
 
 NAME = "async_agent"
@@ -45,6 +46,7 @@ class AsyncAgentRewardManager(RewardManagerBase):
         if tokenizer is None:
             raise TypeError("the async_agent reward manager needs a tokenizer")
         super().__init__(config if config is not None else DictConfig({"reward": {}}), tokenizer, compute_score)
+        verl_internals.require_all("the async_agent reward manager")  # a verl that moved one: refused here
         # read and checked here, once, in this process (mask is refused off the strategies: masking.py)
         self.settings = read_run_settings(self.config).agent
         if reward_fn_key:

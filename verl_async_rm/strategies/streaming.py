@@ -36,7 +36,9 @@ ROW_KEY = "async_rm_row"  # v0: the row's position in the generation batch = its
 PROMPT_KEY = "async_rm_prompt"  # v1: the prompt's position in the step's batch
 V1_MANAGER_CLASS = "verl_async_rm.strategies.streaming_v1.StreamingAgentLoopManagerTQ"
 SESSION_STRIDE = 1 << 16  # v1 index = prompt * stride + session id (sessions per prompt < stride)
-NOT_TOOL_FIELDS = frozenset({"__num_turns__", "multi_modal_inputs"})
+# agent_name: verl's worker adds it to its own batch (the loop to run), so the output has the column and
+# the trainer's prompts do not; it is never one of a loop's extra fields, and a stock reward never sees it.
+NOT_TOOL_FIELDS = frozenset({"__num_turns__", "multi_modal_inputs", "agent_name"})
 
 
 def v1_index(prompt: int, session: int) -> int:

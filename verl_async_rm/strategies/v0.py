@@ -53,6 +53,7 @@ from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
 from verl_async_rm.strategies.checkpoint import loader_state_reported_as
 from verl_async_rm.strategies.heap import freeze_trainer_and_workers
 from verl_async_rm.strategies.kl import DeferredKL
+from verl_async_rm import verl_internals
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.strategies.plan import UpdateCall, plan_mini_batches
 from verl_async_rm.strategies.rewards import BatchRewards, PendingRewards, ScoredRows, object_array
@@ -172,6 +173,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # read and checked once in this process (also reached through verl's own entry point)
+        verl_internals.require_all("the trainer strategies (v0)")
         self.run_settings = read_run_settings(self.config)
         self.strategy = self.run_settings.strategy
         self.plan = plan_mini_batches(self.strategy, self.run_settings.shape)

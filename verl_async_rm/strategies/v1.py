@@ -36,6 +36,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
 from verl_async_rm.integration.group_sizes import sessions_per_prompt
+from verl_async_rm import verl_internals
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.masking import (
     ADVANTAGE_COLUMN,
@@ -190,6 +191,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
     def _build_replay_buffer(self):
         # In verl's __init__, before any worker: refuse here what cannot run (verl's own entry point
         # reaches this mode without our main_ppo's checks).
+        verl_internals.require_all("the trainer strategies (v1)")  # before any worker: a moved internal is refused here
         self.run_settings = read_run_settings(self.config)  # read and checked once in this process
         self.strategy = self.run_settings.strategy
         shape = self.run_settings.shape
