@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -267,6 +269,54 @@ def test_the_relay_talks_to_no_other_users_socket():
     finally:
         proc.kill()
         proc.wait()
+
+
+@needs_root
+@pytest.mark.quick
+def test_a_filesystem_socket_as_off_linux_checks_its_peer_too(monkeypatch):
+    """Off Linux the engine listens on a socket file; its peer is checked there as well (macOS/BSD:
+    LOCAL_PEERCRED), not left to the directory's permissions. Emulated here: abstract sockets off, the
+    socket in a folder anyone may enter, another user connecting."""
+    from verl_async_rm_rig.cpu_backend import engine_link
+
+    monkeypatch.setattr(engine_link, "_ABSTRACT", False)
+    open_folder = tempfile.mkdtemp(prefix="vark-", dir="/tmp")  # pytest's tmp_path is closed to other users
+    os.chmod(open_folder, 0o777)
+    engine_host = EngineHost(StandInEngine, os.path.join(open_folder, "engine.sock"))
+    try:
+        os.chmod(engine_host.address, 0o777)
+        out = subprocess.run([sys.executable, "-c", OTHER_USER_CLIENT.format(address=engine_host.address)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == "closed", out.stderr
+        assert asyncio.run(engine_host.call("get_state")) == {"calls": 0}
+    finally:
+        engine_host.close()
+        shutil.rmtree(open_folder, ignore_errors=True)
+
+
+@pytest.mark.quick
+def test_the_socket_directory_must_be_this_users_own_and_closed_to_others(tmp_path):
+    """The directory's name is predictable: made first by another user (or left open), a socket of theirs
+    could stand in for the engine's. Only a real directory of ours with mode 0700 is used."""
+    from verl_async_rm_rig.cpu_backend.engine_link import private_directory
+
+    made = private_directory(str(tmp_path))  # made here: ours, 0700
+    assert os.stat(made).st_mode & 0o777 == 0o700 and private_directory(str(tmp_path)) == made
+    os.chmod(made, 0o777)  # left open to everyone (or made so by another user)
+    with pytest.raises(PermissionError, match="mode 0o777"):
+        private_directory(str(tmp_path))
+    os.rmdir(made)
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, made)  # a link to a folder of someone's
+    with pytest.raises(PermissionError, match="not a directory"):
+        private_directory(str(tmp_path))
+    os.unlink(made)
+    if os.getuid() == 0:  # another user's own 0700 directory
+        os.mkdir(made, mode=0o700)
+        os.chown(made, 65534, 65534)
+        with pytest.raises(PermissionError, match="owned by uid 65534"):
+            private_directory(str(tmp_path))
 
 
 @pytest.mark.quick

@@ -296,6 +296,17 @@ def test_the_reward_receives_what_verls_naive_manager_passes(runs, run):
     assert (len(seen) > 0) == bool(RUNS[run].get("validate")) and set(seen) <= {1.0}
 
 
+@pytest.mark.parametrize("run", STRATEGY_RUNS, ids="-".join)
+def test_a_strategy_run_logs_verls_batch_balance_metrics_as_its_stock_baseline(runs, run):
+    """Seam: verl's step logs its batch balancing (global_seqlen/*); the strategies balance a batch when it
+    is generated, possibly steps before it trains, and the step that trains it logs them."""
+    trainer, _ = run
+    def names(result):
+        return {key for m in result.metrics for key in m["data"] if not key.startswith(("val-", "timing_s/testing"))}
+    missing = names(runs[trainer, "baseline"][1]) - names(runs[run][1])
+    assert {key for key in missing if key.startswith("global_seqlen/")} == set()
+
+
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
 def test_stock_baseline_scores_and_validates_through_the_agent_without_waiting(runs, trainer):
     """Strategies off: verl's stock trainer, with the async_agent manager scoring training and
@@ -501,6 +512,11 @@ def test_masked_failures_reach_the_update_with_no_loss_tokens_and_the_rest_with_
     assert values(result, "async_rm/masked_samples") == masked_per_step
     assert values(result, "async_rm/dropped_groups") == dropped_per_step
     assert failed_total > 0 and sum(masked_per_step) >= failed_total
+    # what the README says of verl's own data metrics: computed on the batch as generated, so a masked
+    # sample is no aborted one there and critic/score/* averages its stand-in score (neutral's)
+    assert set(values(result, "response/aborted_ratio")) == {0.0}
+    scores = [np.mean([row["score"] for row in rows]) for _, rows in sorted(dumped(directory).items())]
+    assert values(result, "critic/score/mean") == pytest.approx(scores, abs=1e-4)
 
 
 def test_v1_validation_keeps_the_rewards_extra_info(runs):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
@@ -46,6 +46,8 @@ class GeneratedBatch:
     loader_state: Optional[dict]  # the dataloader's state before this batch was drawn: resuming there regenerates it
     weights_step: int  # the global step whose weights generated it (staleness = trainer step - 1 - this)
     positions: Optional[dict] = None  # group -> the prompt's position in the drawn batch (the pool's checkpoints)
+    # verl's metrics of this batch's generation that its training step logs (v0: _balance_batch's global_seqlen/*)
+    metrics: dict = field(default_factory=dict)
 
 
 class Lookahead:

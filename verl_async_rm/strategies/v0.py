@@ -359,8 +359,9 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         batch = batch.repeat(repeat_times=rollout_n, interleave=True).union(output)
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
+        generation_metrics: dict = {}  # logged by the step that trains this batch, as verl's step logs them
         if self.config.trainer.balance_batch:
-            self._balance_batch(batch, metrics={})  # before submitting: rows refer to this order
+            self._balance_batch(batch, metrics=generation_metrics)  # before submitting: rows refer to this order
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         batch.meta_info["images_seqlens"] = images_seqlens(batch)
         with marked_timer("reward_submit", timing_raw, color="yellow"):
@@ -373,7 +374,8 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
             else:
                 requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
                 rewards = self.rewards.submit(requests)
-        return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1)
+        return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1,
+                              metrics=generation_metrics)
 
     # -- one step ---------------------------------------------------------------------------------
     def _train_step(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, is_last_step: bool) -> DataProto:
@@ -381,6 +383,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         # per sample: policy updates between the weights that generated it and the ones it trains
         batch.non_tensor_batch[STALENESS_COLUMN] = object_array([self.global_steps - 1 - current.weights_step] * len(batch))
         ops = V0Ops(self, expected_rows=self.plan.samples_per_mini_batch * self.plan.mini_batches)
+        metrics.update(current.metrics)  # its generation's: global_seqlen/* (verl's _balance_batch)
         self._compute_policy_inputs(batch, ops, metrics, timing_raw)
         update_actor = self.config.trainer.critic_warmup <= self.global_steps
         kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None

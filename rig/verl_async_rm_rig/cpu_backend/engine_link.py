@@ -31,6 +31,7 @@ import logging
 import os
 import pickle
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -56,19 +57,46 @@ def engine_address(replica_rank: int) -> str:
     name = f"verl_async_rm-hf_cpu-{digest}"
     if _ABSTRACT:
         return "\0" + name  # abstract: vanishes with the process
-    private = os.path.join(tempfile.gettempdir(), f"verl_async_rm-{os.getuid()}")
-    os.makedirs(private, mode=0o700, exist_ok=True)
-    return os.path.join(private, name + ".sock")
+    return os.path.join(private_directory(tempfile.gettempdir()), name + ".sock")
+
+
+def private_directory(parent: str) -> str:
+    """``parent/verl_async_rm-<uid>``, made if missing; refused unless it is a real directory of this
+    user that nobody else may enter. The name is predictable, so another user could have made it first
+    (mode 0777, or a link to a folder of theirs) and swapped a socket of theirs in."""
+    private = os.path.join(parent, f"verl_async_rm-{os.getuid()}")
+    try:
+        os.mkdir(private, mode=0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(private)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        kind = "a directory" if stat.S_ISDIR(found.st_mode) else "not a directory (a link?)"
+        raise PermissionError(
+            f"the engine's socket directory {private} is {kind} owned by uid {found.st_uid} with mode "
+            f"{stat.S_IMODE(found.st_mode):#o}; it must be this user's ({os.getuid()}) with mode 0700, or another "
+            "user could answer the engine's calls. Remove it, or set TMPDIR to a folder of your own."
+        )
+    return private
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a connected Unix socket: SO_PEERCRED (Linux),
+    LOCAL_PEERCRED (macOS and the BSDs: struct xucred, the uid after a version word). Where neither
+    exists the peer cannot be known, and a link that unpickles must not run: an error."""
+    if hasattr(socket, "SO_PEERCRED"):
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return uid
+    if hasattr(socket, "LOCAL_PEERCRED"):
+        _version, uid = struct.unpack("2I", sock.getsockopt(0, socket.LOCAL_PEERCRED, 256)[:8])  # SOL_LOCAL is 0
+        return uid
+    raise OSError(f"cannot read a Unix socket peer's credentials on {sys.platform}: the CPU backend's engine link needs them")
 
 
 def _peer_is_us(writer: asyncio.StreamWriter) -> bool:
-    """Whether the other end of a Unix socket runs as this process's user (Linux: SO_PEERCRED; other
-    systems rely on the socket's private directory)."""
-    if not _ABSTRACT:
-        return True
-    sock = writer.get_extra_info("socket")
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return uid == os.getuid()
+    """Whether the other end of a Unix socket runs as this process's user, on every platform (the private
+    directory of a filesystem socket is a second line, not the only one)."""
+    return peer_uid(writer.get_extra_info("socket")) == os.getuid()
 
 
 async def _send(writer: asyncio.StreamWriter, message: Any) -> None:
