@@ -96,9 +96,10 @@ class TicketRun:
 class StreamMember:
     """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
 
-    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample")
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial")
 
-    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float):
+    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float,
+                 serial: str = ""):
         self.label = label  # the reward's, for error messages
         self.group = group
         self.position = position
@@ -106,6 +107,7 @@ class StreamMember:
         self.arrived_at = arrived_at
         self.deadline: asyncio.TimerHandle | None = None
         self.sample: Sample | None = None
+        self.serial = serial  # names it in the verdict log (a ticket's samples: ticket and index)
 
     def describe(self, item: RewardItem) -> str:
         kind, uid = self.group.key
@@ -127,6 +129,7 @@ class ScoringEngine:
         self.loop = loop
         self.id = secrets.token_hex(4)  # ticket ids never repeat across agents (a re-created actor)
         self._ticket_numbers = itertools.count()
+        self._stream_numbers = itertools.count()
         self.policy = failure_policy(config.failure_policy, fill_value=config.fill_value, neutral_value=config.neutral_value)
         self.metrics = AgentMetrics()
         # The agent-wide window: twice the cap (a whole in flight that fails at once is not enough).
@@ -471,7 +474,7 @@ class ScoringEngine:
                 "group %r got a member after group_wait (%ss) had closed it short of %d samples: the wait is "
                 "shorter than the spread of its generation times; it continues as a new group", uid, group_wait, group_size,
             )
-        member = StreamMember(self.reward.label, group, position, answer, now)
+        member = StreamMember(self.reward.label, group, position, answer, now, f"{self.id}/s{next(self._stream_numbers)}")
         self.stream_members.setdefault(group, []).append(member)
         wait = self.stream_waits.pop(group, None)
         if wait is not None:
@@ -671,15 +674,17 @@ class ScoringEngine:
         self._serve(run)
 
     # -- judge operations: the verdict log and the budget ------------------------------------------------
-    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float) -> bool:
+    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float, stage: str | None = None) -> bool:
         """Append a settled sample to the verdict log; True if the log cannot be written (then
         everything fails loudly: a run that believes it is resumable must be)."""
         owner = sample.owner
         if isinstance(owner, TicketRun):
             latency, ticket, uid = now - owner.submitted_at, owner.ticket, sample.item.uid
+            sample_id = f"{ticket}/{sample.item.index}"
         else:
             latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
-        self.verdicts.record(sample, outcome, latency, ticket, uid, now)
+            sample_id = owner.serial
+        self.verdicts.record(sample, outcome, latency, ticket, uid, now, sample_id, stage)
         problem = self.verdicts.failed_writes()
         if problem is not None:
             self._systemic_failure(problem)

@@ -1,0 +1,238 @@
+"""A verdict log you can trust (issue 45, items 1, 2, 14 and the first clause of 9):
+
+- it answers only for the reward that wrote it: another file of the same name, a fixed bug, other
+  kwargs or another ``reward_version`` is refused at start with both rewards named, unless the user
+  accepts the change;
+- a group judge resumes from it (batch and per-sample paths, in any arrival order), and a group
+  whose membership changed is judged again, whole;
+- a failing group hook is counted once, under its own kind, alike in the metrics, the summary of
+  ``verl-async-rm score``, the log and ``verl-async-rm log``; a hook cancelled with its ticket is no
+  ``deadline``;
+- a judge reporting absurd usage (``10**400`` tokens) fails its sample as ``invalid``: nothing hangs,
+  ``metrics()`` keeps working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
+from verl_async_rm.cli import main
+from verl_async_rm.loader import load_reward
+from verl_async_rm.outcome import RewardError, TicketCancelled
+from verl_async_rm.score_file import score_file
+from verl_async_rm.verdict_log import RewardChanged, VerdictWriter, read_log
+from verl_async_rm.verdict_report import summarize
+
+from tests.harness import virtual
+
+pytestmark = pytest.mark.quick
+
+COUNTING_REWARD = """
+import os
+
+CALLS = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    CALLS.append(solution_str)
+    return {SCORE}
+"""
+
+
+def write_reward(folder: Path, score: str, name: str = "rewards.py") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(COUNTING_REWARD.replace("{SCORE}", score))
+    return path
+
+
+def rows(n: int, group_size: int = 4) -> list[dict]:
+    return [{"solution_str": f"answer {i}", "ground_truth": str(i % 3), "uid": i // group_size,
+             "data_source": "t", "extra_info": {"i": i}} for i in range(n)]
+
+
+def score_with(path: Path, log: Path, items: list[dict], kwargs: dict | None = None, **config) -> tuple[list[float], dict, int]:
+    """Score ``items`` with the reward in ``path``; returns the scores, the metrics and how many calls the reward got."""
+    reward = load_reward(str(path), "compute_score", kwargs)
+    calls = reward.score_fn.__globals__["CALLS"]
+    before = len(calls)
+    with RewardAgent(reward, {"verdict_log": str(log), "max_concurrency": 8, **config}) as agent:
+        chunk = agent.get(agent.submit(items, 4), timeout=60)
+        return chunk.scores, agent.metrics(), len(calls) - before
+
+
+# -- item 1: the log answers only for the reward that wrote it ---------------------------------------------
+def test_another_rewards_py_elsewhere_is_refused_at_start_naming_both(tmp_path):
+    """The issue's case: a different ``rewards.py`` in another folder, always 0.999, resumed against
+    the first one's log. Before: 20/20 answers came from the first reward's log."""
+    log = tmp_path / "v.jsonl"
+    first = write_reward(tmp_path / "a", "1.0 if solution_str.endswith(ground_truth) else 0.0")
+    other = write_reward(tmp_path / "b", "0.999")
+    items = rows(20)
+    scores, _, calls = score_with(first, log, items)
+    assert calls == 20
+
+    with pytest.raises(RewardChanged) as refused:
+        score_with(other, log, items)
+    message = str(refused.value)
+    assert str(first) in message and str(other) in message  # both rewards named, by their files
+    assert "20 answers" in message and "accept" in message
+
+    # accepted: every answer is reused (the judge is not called), and the log says who adopted them
+    again, metrics, calls = score_with(other, log, items, verdict_log_accept_reward_change=True)
+    assert calls == 0 and metrics["resumed"] == 20 and again == scores
+    # ... so the same reward resumes from it later without being asked again
+    _, metrics, calls = score_with(other, log, items)
+    assert calls == 0 and metrics["resumed"] == 20
+
+
+def test_a_fixed_bug_other_kwargs_or_another_version_is_another_reward(tmp_path):
+    log = tmp_path / "v.jsonl"
+    reward = write_reward(tmp_path / "r", "0.0  # a bug: always 0")
+    items = rows(8)
+    score_with(reward, log, items, {"model": "m1"})
+
+    reward.write_text(reward.read_text().replace("0.0  # a bug: always 0", "1.0"))  # the bug fixed, same file
+    with pytest.raises(RewardChanged, match="source sha256"):
+        score_with(reward, log, items, {"model": "m1"})
+    reward.write_text(reward.read_text().replace("1.0", "0.0  # a bug: always 0"))  # back as it was: resumable
+    _, metrics, _ = score_with(reward, log, items, {"model": "m1"})
+    assert metrics["resumed"] == 8
+    with pytest.raises(RewardChanged, match=r'"model": "m2"'):  # other kwargs
+        score_with(reward, log, items, {"model": "m2"})
+    _, metrics, _ = score_with(reward, log, items, {"model": "m1", "api_key": "rotated"})  # a new key: same reward
+    assert metrics["resumed"] == 8
+
+    versioned = tmp_path / "versioned.jsonl"
+    score_with(reward, versioned, items, reward_version="v1")
+    reward.write_text(reward.read_text() + "\n# a comment the user declares harmless\n")
+    _, metrics, calls = score_with(reward, versioned, items, reward_version="v1")  # the version names it, not the hash
+    assert metrics["resumed"] == 8 and calls == 0
+    with pytest.raises(RewardChanged, match="reward_version 'v2'"):
+        score_with(reward, versioned, items, reward_version="v2")
+
+
+def test_the_same_code_checked_out_elsewhere_resumes(tmp_path):
+    """The identity hashes the code, not where it lies: a job resumed on another node's checkout still resumes."""
+    log = tmp_path / "v.jsonl"
+    here = write_reward(tmp_path / "checkout1", "0.5")
+    there = tmp_path / "checkout2" / "rewards.py"
+    there.parent.mkdir()
+    shutil.copy(here, there)
+    score_with(here, log, rows(8))
+    _, metrics, calls = score_with(there, log, rows(8))
+    assert calls == 0 and metrics["resumed"] == 8
+
+
+def test_code_without_a_source_file_needs_a_reward_version_to_resume(tmp_path):
+    namespace: dict = {}
+    exec(compile("def judge(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
+                 "<typed at a prompt>", "exec"), namespace)
+
+    def run(log: Path, **config):
+        with RewardAgent(namespace["judge"], {"verdict_log": str(log), **config}) as agent:
+            agent.get(agent.submit(rows(4), 4), timeout=60)
+            return agent.metrics()
+
+    run(tmp_path / "v.jsonl")
+    with pytest.raises(RewardChanged, match="no source file.*set reward_version"):
+        run(tmp_path / "v.jsonl")
+    run(tmp_path / "versioned.jsonl", reward_version="1")
+    assert run(tmp_path / "versioned.jsonl", reward_version="1")["resumed"] == 4
+
+
+def test_a_log_from_before_identities_is_refused_not_silently_resent(tmp_path):
+    log = tmp_path / "v.jsonl"
+    writer = VerdictWriter(log)
+    writer.append({"v": 1, "key": "0" * 64, "score": 1.0, "failure": None})
+    writer.close()
+    with pytest.raises(RewardChanged, match="before reward identities were recorded"):
+        score_with(write_reward(tmp_path / "r", "1.0"), log, rows(4))
+
+
+def test_score_resume_against_another_reward_exits_2_and_accepts_when_told(tmp_path, capsys):
+    first = write_reward(tmp_path / "a", "0.25")
+    other = write_reward(tmp_path / "b", "0.999")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(8)))
+
+    def score(reward: Path, *extra: str) -> int:
+        return main(["score", "--input", str(tmp_path / "in.jsonl"), "--reward-file", str(reward), "--group-size", "4",
+                     "--output", str(tmp_path / "out.jsonl"), *extra])
+
+    assert score(first) == 0
+    capsys.readouterr()
+    assert score(other, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and str(first) in err and str(other) in err
+    assert "--accept-reward-change" in err
+    assert score(other, "--resume", "--accept-reward-change") == 0
+    assert [json.loads(line)["score"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [0.25] * 8
+    assert score(other, "--accept-reward-change") == 2  # only meaningful with --resume
+
+
+# -- item 2: a group judge resumes ------------------------------------------------------------------------
+class RankingJudge:
+    """One call per group; each member's score depends on the whole group (its rank in it)."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    async def compute_group_score(self, group):
+        self.calls.append([m.solution_str for m in group])
+        ranked = sorted(m.solution_str for m in group)
+        return [{"score": ranked.index(m.solution_str) / len(group), "rank": ranked.index(m.solution_str)} for m in group]
+
+
+def test_a_group_judge_resumes_from_its_log_on_the_batch_path(tmp_path):
+    """Before: the second run's submit raised AttributeError ('GroupRequest' has no 'data_source')."""
+    log = tmp_path / "v.jsonl"
+    items = rows(32)
+
+    def run(batch):
+        judge = RankingJudge()
+        with RewardAgent(judge, {"verdict_log": str(log)}) as agent:
+            chunk = agent.get(agent.submit(batch, 4), timeout=60)
+            return dict(zip(chunk.indices, chunk.scores)), agent.metrics(), judge.calls
+
+    first, _, calls = run(items[:16])  # the run that "crashed" after 4 groups
+    assert len(calls) == 4
+    whole, metrics, calls = run(items)
+    assert len(calls) == 4 and metrics["resumed"] == 16  # only the 4 new groups were judged
+    assert all(whole[i] == score for i, score in first.items())
+    assert sorted(whole.values()) == sorted(i % 4 / 4 for i in range(32))
+
+    changed = [dict(item) for item in items]
+    changed[5]["solution_str"] = "a new answer"  # group 1 now holds another response: judged again, whole
+    _, metrics, calls = run(changed)
+    assert len(calls) == 1 and sorted(calls[0]) == sorted(["answer 4", "a new answer", "answer 6", "answer 7"])
+    assert metrics["resumed"] == 28
+
+
+def test_a_group_judge_resumes_on_the_per_sample_path_in_any_arrival_order(tmp_path):
+    """verl's reward loop: one sample at a time, members arriving in any order. Before: the last
+    member of each group raised AttributeError and the others settled as deadline zeros."""
+    log = tmp_path / "v.jsonl"
+    items = rows(16)
+
+    async def run(order):
+        judge = RankingJudge()
+        async with AsyncRewardAgent(judge, {"verdict_log": str(log), "ticket_deadline": 30, "request_timeout": 10}) as agent:
+            answers = await asyncio.gather(*(agent.score_in_group(items[i], items[i]["uid"], 4) for i in order))
+            return {i: answer for i, answer in zip(order, answers)}, agent.metrics(), judge.calls
+
+    first, _, calls = asyncio.run(run(list(range(16))))
+    assert len(calls) == 4 and not any(extra["reward_failed"] for _, extra in first.values())
+    for seed in range(5):
+        order = list(range(16))
+        random.Random(seed).shuffle(order)
+        again, metrics, calls = asyncio.run(run(order))
+        assert calls == [] and metrics["resumed"] == 16 and metrics["failed"] == 0
+        assert again == first  # each member keeps its own verdict, wherever it arrived
