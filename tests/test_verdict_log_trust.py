@@ -236,3 +236,107 @@ def test_a_group_judge_resumes_on_the_per_sample_path_in_any_arrival_order(tmp_p
         again, metrics, calls = asyncio.run(run(order))
         assert calls == [] and metrics["resumed"] == 16 and metrics["failed"] == 0
         assert again == first  # each member keeps its own verdict, wherever it arrived
+
+
+# -- item 14: a failing group hook, counted once everywhere ---------------------------------------------------
+HOOK_REWARD = """
+class HookBroken:
+    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+    def post_process_scores(self, scores):
+        raise RuntimeError("hook broke")
+"""
+
+
+@pytest.mark.parametrize("max_failure_rate", [0.5, 1.0])
+def test_a_failing_group_hook_is_counted_once_alike_in_metrics_summary_and_log(tmp_path, max_failure_rate):
+    """The issue's case (48 samples, groups of 4, a hook that raises). Before: summary ``failed 0``
+    beside ``{'hook_error': 28, 'deadline': 20}``, and the log said 48 scored 1.0, no failure."""
+    reward = tmp_path / "hook.py"
+    reward.write_text(HOOK_REWARD)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(48)))
+    log = tmp_path / "v.jsonl"
+    summary = score_file(tmp_path / "in.jsonl", str(reward), "HookBroken", group_size=4, progress=False, verdict_log=log,
+                         config={"max_failure_rate": max_failure_rate})
+    kinds = summary["failures_by_kind"]
+    assert set(kinds) == {"hook_error"}  # no "deadline": none was set
+    assert summary["failed"] == sum(kinds.values()) > 24
+    if max_failure_rate == 1.0:
+        assert summary["failed"] == 48 and "error" not in summary
+    else:  # the failure budget stopped the ticket; the hooks it cancelled failed nothing
+        assert "FailureBudgetExceeded" in summary["error"] and summary["failed"] < 48
+
+    from_log = summarize(read_log(log).records)
+    assert from_log["total"]["failed"] == summary["failed"]
+    assert from_log["failures_by_kind"] == kinds
+    assert from_log["total"]["samples"] == 48 and from_log["total"]["scored"] == 48 - summary["failed"]
+
+
+def test_a_hook_cancelled_with_its_ticket_is_no_deadline_and_a_hook_past_the_deadline_is(tmp_path):
+    class SlowHook:
+        async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0
+
+        async def post_process_scores(self, scores):
+            await asyncio.sleep(100)
+            return scores
+
+    async def cancelled():
+        async with AsyncRewardAgent(SlowHook(), {"hook_timeout": None}) as agent:
+            ticket = agent.submit(rows(8), 4)
+            await asyncio.sleep(1)  # scored; both hooks running
+            agent.cancel(ticket)
+            with pytest.raises(TicketCancelled):
+                await agent.get_all(ticket)
+            await asyncio.sleep(1)
+            return agent.metrics()
+
+    metrics = virtual(cancelled)
+    assert metrics["failures_by_kind"] == {} and metrics["failed"] == 0 and metrics["hook_failures"] == 0
+    assert metrics["completed"] == 8 and metrics["pending"] == 0
+
+    async def past_the_deadline():
+        async with AsyncRewardAgent(SlowHook(), {"hook_timeout": None, "ticket_deadline": 10, "request_timeout": 5,
+                                                 "max_failure_rate": 1.0}) as agent:
+            chunk = await agent.get_all(agent.submit(rows(8), 4))
+            return chunk, agent.metrics()
+
+    chunk, metrics = virtual(past_the_deadline)
+    assert chunk.extra_info["reward_failure"] == ["deadline"] * 8
+    assert metrics["failures_by_kind"] == {"deadline": 8} and metrics["failed"] == 8 and metrics["completed"] == 0
+
+
+def test_a_failing_hook_on_the_per_sample_path_is_in_the_log_per_sample(tmp_path):
+    class Broken:
+        async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+            return 1.0
+
+        def post_process_scores(self, scores):
+            raise ValueError("no")
+
+    log = tmp_path / "v.jsonl"
+
+    async def run():
+        async with AsyncRewardAgent(Broken(), {"verdict_log": str(log), "max_failure_rate": 1.0}) as agent:
+            items = rows(8)
+            answers = await asyncio.gather(*(agent.score_in_group(item, item["uid"], 4) for item in items))
+            return answers, agent.metrics()
+
+    answers, metrics = asyncio.run(run())
+    assert [extra["reward_failure"] for _, extra in answers] == ["hook_error"] * 8
+    assert metrics["failed"] == 8 == metrics["failures_by_kind"]["hook_error"] and metrics["completed"] == 0
+    from_log = summarize(read_log(log).records)
+    assert from_log["total"]["samples"] == 8 and from_log["failures_by_kind"] == {"hook_error": 8}
+
+
+def test_the_log_reader_shows_hook_failures(tmp_path, capsys):
+    reward = tmp_path / "hook.py"
+    reward.write_text(HOOK_REWARD)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(8)))
+    assert main(["score", "--input", str(tmp_path / "in.jsonl"), "--reward-file", str(reward), "--reward-name",
+                 "HookBroken", "--group-size", "4", "--set", "max_failure_rate=1.0", "--output", str(tmp_path / "o.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["log", str(tmp_path / "o.jsonl.verdicts.jsonl"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["total"]["samples"] == 8 and shown["total"]["failed"] == 8 and shown["failures_by_kind"] == {"hook_error": 8}
