@@ -340,3 +340,55 @@ def test_the_log_reader_shows_hook_failures(tmp_path, capsys):
     assert main(["log", str(tmp_path / "o.jsonl.verdicts.jsonl"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["total"]["samples"] == 8 and shown["total"]["failed"] == 8 and shown["failures_by_kind"] == {"hook_error": 8}
+
+
+# -- item 9, first clause: absurd usage ---------------------------------------------------------------------
+@pytest.mark.parametrize("tokens", [10**400, float("inf"), float("nan"), -1, 2**53 + 1],
+                         ids=["10**400", "inf", "nan", "negative", "2**53+1"])
+def test_absurd_usage_fails_its_sample_and_nothing_hangs(tmp_path, tokens):
+    """Before: 10**400 with a verdict log hung past a 3 s deadline, and metrics() raised from then on."""
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        usage = {"prompt_tokens": tokens, "completion_tokens": 1} if extra_info["i"] % 2 else {"prompt_tokens": 5, "completion_tokens": 1}
+        return {"score": 1.0, "usage": usage}
+
+    log = tmp_path / "v.jsonl"
+
+    async def scenario():
+        config = {"verdict_log": str(log), "ticket_deadline": 3, "request_timeout": 1, "max_failure_rate": 1.0,
+                  "price_input_per_million": 2.0, "price_output_per_million": 8.0}
+        async with AsyncRewardAgent(reward, config) as agent:
+            start = asyncio.get_running_loop().time()
+            chunk = await asyncio.wait_for(agent.get_all(agent.submit(rows(8), 4)), 30)
+            elapsed = asyncio.get_running_loop().time() - start
+            return chunk, elapsed, agent.metrics()
+
+    chunk, elapsed, metrics = virtual(scenario)
+    assert elapsed < 3  # answered at once, not at (or after) the deadline
+    assert chunk.extra_info["reward_failure"] == [None, "invalid"] * 4
+    assert "usage prompt_tokens must be an integer" in chunk.extra_info["reward_error"][1]
+    assert metrics["failures_by_kind"] == {"invalid": 4} and metrics["input_tokens"] == 20
+    assert metrics["cost"] == pytest.approx((20 * 2.0 + 4 * 8.0) / 1e6)
+    assert [r["failure"] for r in read_log(log).records if r["index"] % 2] == ["invalid"] * 4
+
+
+def test_a_verdict_that_cannot_be_recorded_fails_loudly_instead_of_hanging(tmp_path, monkeypatch):
+    """Whatever breaks while recording a verdict, the ticket ends (with the reason), never hangs."""
+    from verl_async_rm.engine.verdicts import VerdictBook
+
+    def broken(self, *args, **kwargs):
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(VerdictBook, "record", broken)
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+    async def scenario():
+        async with AsyncRewardAgent(reward, {"verdict_log": str(tmp_path / "v.jsonl"), "ticket_deadline": 3,
+                                             "request_timeout": 1}) as agent:
+            with pytest.raises(RewardError, match="cannot record .*OverflowError"):
+                await asyncio.wait_for(agent.get_all(agent.submit(rows(4), 4)), 30)
+            return agent.metrics()
+
+    assert virtual(scenario)["pending"] == 0

@@ -705,7 +705,13 @@ class ScoringEngine:
         else:
             latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
             sample_id = owner.serial
-        self.verdicts.record(sample, outcome, latency, ticket, uid, now, sample_id, stage)
+        try:
+            self.verdicts.record(sample, outcome, latency, ticket, uid, now, sample_id, stage)
+        except Exception as exc:  # noqa: BLE001 - raised here it would leave the sample settled and its group unresolved: a hang
+            _log.exception("verdict log: recording %s failed", sample.where())
+            self._systemic_failure(f"the verdict log {self.config.verdict_log} cannot record {sample.where()}: "
+                                   f"{type(exc).__name__}: {exc}")
+            return True
         problem = self.verdicts.failed_writes()
         if problem is not None:
             self._systemic_failure(problem)
