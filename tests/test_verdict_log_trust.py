@@ -215,6 +215,14 @@ def test_a_group_judge_resumes_from_its_log_on_the_batch_path(tmp_path):
     assert len(calls) == 1 and sorted(calls[0]) == sorted(["answer 4", "a new answer", "answer 6", "answer 7"])
     assert metrics["resumed"] == 28
 
+    # a kill that landed between a group's records: the members logged do not answer for the group
+    lines = log.read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    log.write_text("".join(lines[:-1]))
+    _, metrics, calls = run(changed)
+    assert len(calls) == 1 and len(calls[0]) == 4 and metrics["resumed"] == 28
+    assert {item["uid"] for item in changed if item["solution_str"] in calls[0]} == {last["uid"]}
+
 
 def test_a_group_judge_resumes_on_the_per_sample_path_in_any_arrival_order(tmp_path):
     """verl's reward loop: one sample at a time, members arriving in any order. Before: the last
