@@ -120,6 +120,43 @@ def test_a_fixed_bug_other_kwargs_or_another_version_is_another_reward(tmp_path)
         score_with(reward, versioned, items, reward_version="v2")
 
 
+class ModelJudge:
+    def __init__(self, model: str):
+        self.model = model
+        self.client = object()  # not plain: not part of its identity
+
+    async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+
+def test_an_instance_built_by_the_caller_is_identified_by_its_plain_attributes(tmp_path):
+    """Its constructor kwargs are unknown to the agent: a judge built for another model is another reward."""
+    log = tmp_path / "v.jsonl"
+
+    def run(judge):
+        with RewardAgent(judge, {"verdict_log": str(log)}) as agent:
+            agent.get(agent.submit(rows(4), 4), timeout=60)
+            return agent.metrics()
+
+    run(ModelJudge("judge-large"))
+    assert run(ModelJudge("judge-large"))["resumed"] == 4
+    with pytest.raises(RewardChanged, match=r'attributes \{"model": "judge-large"\}.*attributes \{"model": "judge-small"\}'):
+        run(ModelJudge("judge-small"))
+
+
+def test_secrets_in_kwargs_are_not_written_to_the_log(tmp_path):
+    log = tmp_path / "v.jsonl"
+    reward = write_reward(tmp_path / "r", "1.0")
+    kwargs = {"auth_token": "s3cret-token", "base_url": "https://user:pa55@judge.example/v1?key=qu3ry", "model": "m"}
+    score_with(reward, log, rows(4), kwargs)
+    text = log.read_text()
+    assert "s3cret-token" not in text and "pa55" not in text and "qu3ry" not in text
+    assert read_log(log).rewards[0]["reward_identity"]["kwargs"]["base_url"] == "https://judge.example/v1"
+    with pytest.raises(RewardChanged) as refused:  # another token is another configuration, named without it
+        score_with(reward, log, rows(4), {**kwargs, "auth_token": "other-token"})
+    assert "s3cret-token" not in str(refused.value) and "other-token" not in str(refused.value)
+
+
 def test_the_same_code_checked_out_elsewhere_resumes(tmp_path):
     """The identity hashes the code, not where it lies: a job resumed on another node's checkout still resumes."""
     log = tmp_path / "v.jsonl"

@@ -17,9 +17,11 @@ it as that sample's outcome (the judge's own verdict stays resumable; the hook r
 
 **Reward identity.** What scored is named by ``RewardIdentity``: the reward's name, the file holding
 its code and a SHA-256 of that file, or the ``reward_version`` the user sets instead of the hash (so
-edits the user declares irrelevant keep the log), plus its kwargs (but ``api_key``). Its id is a
-hash of the name, the source hash (or the version) and the kwargs: the same code checked out in
-another folder is the same reward; a different file of the same name, or a fixed bug, is not.
+edits the user declares irrelevant keep the log), plus its kwargs (but ``api_key``; for an instance
+the caller built, whose kwargs are unknown, its plain public attributes). Its id is a hash of the
+name, the source hash (or the version) and the kwargs: the same code checked out in another folder
+is the same reward; a different file of the same name, or a fixed bug, is not. The reward record
+shows the kwargs with secret-looking values hidden and credentials cut out of URLs.
 
 **Crash safety.** Appends go through one background thread (``VerdictWriter``): the event loop only
 puts a record on a queue, so a slow disk never stalls scoring. Every ``WRITE_EVERY_S`` (50 ms) the
@@ -51,12 +53,14 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 _log = logging.getLogger(__name__)
 
@@ -105,31 +109,64 @@ def verdict_key(reward_id: str, request: str) -> str:
     return _sha256(f"{reward_id}/{request}")
 
 
+# Whole words of a setting's name (max_tokens is no secret; hf_token, api_key, auth_header are).
+_SECRET_NAME = re.compile(r"(?:^|_)(?:key|apikey|token|secret|password|passwd|auth|authorization|credentials?)(?:_|$)",
+                          re.IGNORECASE)
+
+
+def shown(settings: Mapping) -> dict:
+    """Settings as the log and error messages show them: values of secret-looking names hidden, and
+    credentials cut out of URLs (``user:pass@``, the query). The id hashes the real values."""
+    out = {}
+    for name, value in settings.items():
+        if _SECRET_NAME.search(str(name)):
+            value = "<hidden>"
+        elif isinstance(value, str) and "://" in value:
+            parts = urlsplit(value)
+            if parts.username or parts.password or parts.query:
+                value = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+        out[name] = value
+    return out
+
+
+def _plain_attributes(instance: Any) -> dict:
+    """A caller-built instance's configuration, as far as it shows: its public attributes holding
+    plain values (a model name, a temperature), not clients or state objects."""
+    return {name: value for name, value in sorted(getattr(instance, "__dict__", {}).items())
+            if not name.startswith("_") and (value is None or isinstance(value, (str, int, float, bool)))}
+
+
 @dataclass(frozen=True)
 class RewardIdentity:
     """What scores (see the module docstring). ``file`` and ``source_sha256`` are None when the code
     has no source file (a builtin, code typed at a prompt): then only ``reward_version`` tells runs
-    apart, and resuming needs it."""
+    apart, and resuming needs it. ``attributes``: for an instance the caller built (its constructor
+    kwargs are unknown), its plain public attributes stand in for them."""
 
     name: str
     file: str | None
     source_sha256: str | None
     reward_version: str | None
     kwargs: dict = field(default_factory=dict)
+    attributes: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, name: str, file: str | None, reward_version: str | None, kwargs: Mapping | None) -> RewardIdentity:
+    def of(cls, name: str, file: str | None, reward_version: str | None, kwargs: Mapping | None,
+           instance: Any = None) -> RewardIdentity:
         source = None
         if file is not None:
             with open(file, "rb") as f:
                 source = hashlib.sha256(f.read()).hexdigest()
         hashed = {k: v for k, v in dict(kwargs or {}).items() if k not in UNHASHED_KWARGS}
-        return cls(name, file, source, None if reward_version is None else str(reward_version), hashed)
+        attributes = {} if instance is None else \
+            {k: v for k, v in _plain_attributes(instance).items() if k not in UNHASHED_KWARGS}
+        return cls(name, file, source, None if reward_version is None else str(reward_version), hashed, attributes)
 
     @property
     def id(self) -> str:
         what = {"version": self.reward_version} if self.reward_version is not None else {"source": self.source_sha256}
-        return _sha256(dumps([self.name, what, self.kwargs]))[:16]
+        settings = [self.kwargs, self.attributes] if self.attributes else [self.kwargs]
+        return _sha256(dumps([self.name, what, *settings]))[:16]
 
     @property
     def verifiable(self) -> bool:
@@ -138,18 +175,22 @@ class RewardIdentity:
 
     def as_record(self) -> dict:
         return {"name": self.name, "file": self.file, "source_sha256": self.source_sha256,
-                "reward_version": self.reward_version, "kwargs": self.kwargs}
-
-    @classmethod
-    def from_record(cls, record: Mapping) -> RewardIdentity:
-        return cls(str(record.get("name")), record.get("file"), record.get("source_sha256"),
-                   record.get("reward_version"), dict(record.get("kwargs") or {}))
+                "reward_version": self.reward_version, "kwargs": shown(self.kwargs), "attributes": shown(self.attributes)}
 
     def describe(self) -> str:
-        what = f"reward_version {self.reward_version!r}" if self.reward_version is not None else \
-            (f"source sha256 {self.source_sha256[:12]}" if self.source_sha256 else "source unknown")
-        where = f" in {self.file}" if self.file else ""
-        return f"{self.name}{where} ({what}, kwargs {dumps(self.kwargs)}; id {self.id})"
+        return describe_reward(self.as_record(), self.id)
+
+
+def describe_reward(identity: Mapping, reward_id: str | None) -> str:
+    """One line naming a reward, from its record (``RewardIdentity.as_record``)."""
+    version, source = identity.get("reward_version"), identity.get("source_sha256")
+    what = f"reward_version {version!r}" if version is not None else \
+        (f"source sha256 {source[:12]}" if source else "source unknown")
+    where = f" in {identity['file']}" if identity.get("file") else ""
+    settings = f", kwargs {dumps(identity.get('kwargs') or {})}"
+    if identity.get("attributes"):
+        settings += f", attributes {dumps(identity['attributes'])}"
+    return f"{identity.get('name')}{where} ({what}{settings}; id {reward_id})"
 
 
 def reward_record(identity: RewardIdentity, accepts: Iterable[str] = ()) -> dict:
@@ -325,7 +366,7 @@ def plan_resume(log: ReadResult, identity: RewardIdentity, accept_reward_change:
     described: dict[str | None, str] = {}
     for record in log.rewards:
         reward = record.get("reward")
-        described[reward] = RewardIdentity.from_record(record["reward_identity"]).describe()
+        described[reward] = describe_reward(record["reward_identity"], reward)
         if reward == own:
             adopted.update(record.get("accepts") or ())
     successes = [r for r in log.records if r.get("failure") is None and r.get("score") is not None and r.get("stage") is None]

@@ -25,8 +25,10 @@ _log = logging.getLogger(__name__)
 
 
 def reward_identity(reward: UserReward, reward_version: str | None) -> RewardIdentity:
-    kwargs = reward.kwargs if reward.kwargs is not None else (reward.spec.kwargs if reward.spec is not None else {})
-    return RewardIdentity.of(reward.label, source_file(reward), reward_version, kwargs)
+    if reward.kwargs is not None:
+        return RewardIdentity.of(reward.label, source_file(reward), reward_version, reward.kwargs)
+    # an instance the caller built: its constructor kwargs are unknown, its attributes stand in
+    return RewardIdentity.of(reward.label, source_file(reward), reward_version, {}, instance=reward.instance)
 
 
 class VerdictBook:
