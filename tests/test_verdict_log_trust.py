@@ -18,7 +18,6 @@ import asyncio
 import json
 import random
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
