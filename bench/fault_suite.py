@@ -4,9 +4,15 @@
 bucket (capacity 100, 120 requests/s: 429 + Retry-After past it) that the agent must discover (its
 own requests_per_minute, 9,000 = 150/s, is above it), and injects 5% 500, 2% hangs far longer than
 the timeout, 1% malformed bodies and 1% spurious 429s. Prints the figures and writes
-bench/results/fault_suite.json:
-    python bench/fault_suite.py [--samples N] [--quick]
-The test suite runs the same function and asserts on the figures (tests/test_fault_suite.py).
+bench/results/fault_suite.json.
+
+Judge-operations faults, each written to its own bench/results/fault_suite_<name>.json:
+- verdict-log-resume: ``verl-async-rm score`` with a group judge (one HTTP call per group) SIGKILLed
+  twice mid-run, each time resumed from its verdict log, then completed: every row scored exactly
+  once and right, no group the log held judged again, no run hung.
+
+    python bench/fault_suite.py [--fault all|agent|verdict-log-resume] [--samples N] [--quick]
+The test suite runs the same functions and asserts on the figures (tests/test_fault_suite.py).
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from verl_async_rm.user_rewards.llm_judge import JudgeReward  # noqa: E402
 from verl_async_rm import RewardAgent  # noqa: E402
-from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig  # noqa: E402
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, default_judge, group_prompt  # noqa: E402
+from verl_async_rm.user_rewards import group_judge  # noqa: E402
+from verl_async_rm.verdict_log import read_log  # noqa: E402
 from verl_async_rm.limits import rate_bound  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -128,26 +140,152 @@ def run_fault_suite(
     }
 
 
+def _group_rows(groups: int, group_size: int) -> list[dict]:
+    """Group g answers "reference 1000 + g"; a member is right unless its index is a multiple of 3."""
+    rows = []
+    for i in range(groups * group_size):
+        truth = 1000 + i // group_size
+        answer = truth if expected_score(i) == 1.0 else truth + 1
+        rows.append({"solution_str": f"so the result is #### {answer}", "ground_truth": str(truth), "uid": i // group_size,
+                     "extra_info": {"row": i}})
+    return rows
+
+
+def _settled_groups(log: Path, group_size: int) -> set[str]:
+    """References of the groups whose every member the log holds a verdict for."""
+    members: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for record in read_log(log).records:
+        request = (record["uid"], record.get("request", record["key"]))
+        if record.get("failure") is None and record.get("stage") is None and request not in seen:
+            seen.add(request)
+            members[str(1000 + int(record["uid"]))] += 1
+    return {group for group, count in members.items() if count >= group_size}
+
+
+def run_verdict_log_resume_fault(
+    groups: int = 96,
+    group_size: int = 4,
+    kill_after: tuple[int, ...] = (24, 56),
+    latency: tuple[float, float] = (0.05, 0.1),
+    rate_500: float = 0.05,
+    timeout_s: float = 180.0,
+) -> dict:
+    """``verl-async-rm score`` with a group judge, SIGKILLed once ``kill_after[k]`` groups are in its
+    verdict log (each kill hits a run resumed from the kills before), then resumed to the end. The
+    server records which group every judged call was for: a group judged by a run that started with
+    all its members in the log is *duplicated* (paid twice); a row the final output lacks, or scores
+    wrongly, is *lost*; a run that does not end within ``timeout_s`` is *hung*."""
+    rows = _group_rows(groups, group_size)
+    judged: list[tuple[int, str]] = []  # (run, the group's reference) per call the judge answered
+    run = 0
+
+    def recording_judge(messages: list[dict]) -> str:
+        judged.append((run, group_prompt(messages)[0].strip()))
+        return default_judge(messages)
+
+    hung = killed = 0
+    duplicated_calls = 0
+    runs = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fault_vlog_") as folder, \
+            JudgeServer(JudgeServerConfig(latency=latency, rate_500=rate_500, seed=7, judge=recording_judge)) as server:
+        folder = Path(folder)
+        (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out, log = folder / "out.jsonl", folder / "out.jsonl.verdicts.jsonl"
+        command = [sys.executable, "-m", "verl_async_rm", "score", "--input", str(folder / "in.jsonl"),
+                   "--reward-file", group_judge.__file__, "--reward-name", "GroupJudgeReward", "--group-size", str(group_size),
+                   "--kwarg", f"base_url={server.base_url}", "--kwarg", "model=judge-stub", "--kwarg", "api_key=k",
+                   "--set", "max_concurrency=4", "--set", "max_attempts=8", "--set", "backoff_initial=0.02",
+                   "--set", "verdict_log_fsync_s=0", "--output", str(out)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        for run, stop_at in enumerate([*kill_after, None]):
+            held = _settled_groups(log, group_size) if log.exists() else set()
+            errors = folder / f"stderr{run}.txt"  # a file, not a pipe: progress bars must not fill a pipe and stall the run
+            with errors.open("wb") as stderr:
+                process = subprocess.Popen(command + (["--resume"] if run else []), stdout=subprocess.DEVNULL,
+                                           stderr=stderr, env=env)
+            began = time.monotonic()
+            try:
+                while process.poll() is None and time.monotonic() - began < timeout_s:
+                    if stop_at is not None and log.exists() and len(_settled_groups(log, group_size)) >= stop_at:
+                        process.send_signal(signal.SIGKILL)
+                        killed += 1
+                        break
+                    time.sleep(0.01)
+                code = process.wait(timeout=max(1.0, timeout_s - (time.monotonic() - began)))
+            except subprocess.TimeoutExpired:
+                hung += 1
+                process.kill()
+                code = process.wait()
+            this_run = [group for r, group in judged if r == run]
+            duplicated_calls += sum(1 for group in this_run if group in held)
+            runs.append({"run": run, "resumed": bool(run), "killed": code == -signal.SIGKILL, "exit_code": code,
+                         "groups_in_log_at_start": len(held), "group_calls_judged": len(this_run),
+                         "wall_s": time.monotonic() - began,
+                         "stderr_tail": errors.read_text(errors="replace")[-300:] if code not in (0, -signal.SIGKILL) else ""})
+        final = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        stats = server.stats()
+    scored = [r for r in final if r.get("score") is not None]
+    seen = Counter(r["extra_info"]["row"] for r in scored)
+    lost = len(rows) - len(seen)
+    wrong = sum(1 for r in scored if r["score"] != expected_score(r["extra_info"]["row"]))
+    return {
+        "fault": "verdict-log-resume",
+        "samples": len(rows),
+        "groups": groups,
+        "group_size": group_size,
+        "kills": killed,
+        "kill_after_groups_logged": list(kill_after),
+        "returned": len(scored),
+        "lost": lost,
+        "duplicated": sum(count - 1 for count in seen.values() if count > 1),
+        "misaligned_scores": wrong,
+        "duplicated_group_calls": duplicated_calls,  # groups judged again although the log held all their verdicts
+        "hung": hung,
+        "final_exit_code": runs[-1]["exit_code"],
+        "group_calls_judged": len(judged),
+        "group_calls_needed": groups,
+        "group_calls_lost_to_kills": len(judged) - len({group for _, group in judged}),  # answered, not yet logged
+        "server_requests": stats.requests,
+        "faults_injected": {k: v for k, v in stats.outcomes.items() if k != "ok" and v},
+        "runs": runs,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def _show_and_write(figures: dict, out: str) -> None:
+    width = max(map(len, figures))
+    for key, value in figures.items():
+        shown = f"{value:.3f}" if isinstance(value, float) and not math.isnan(value) else value
+        print(f"{key:<{width}}  {shown}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(figures, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fault", choices=["all", "agent", "verdict-log-resume"], default="all",
+                        help="run one fault alone (each writes its own JSON)")
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--cap", type=int, default=64)
     parser.add_argument("--rpm", type=float, default=9_000)
     parser.add_argument("--quick", action="store_true", help="1,000 samples")
     parser.add_argument("--out", default=str(RESULTS / "fault_suite.json"))
     args = parser.parse_args()
+    command = " ".join(["bench/fault_suite.py", *sys.argv[1:]])
     if args.quick:
         args.samples = 1_000
         args.out = args.out.replace(".json", "_quick.json")
-    figures = run_fault_suite(samples=args.samples, cap=args.cap, requests_per_minute=args.rpm, progress=True)
-    figures["command"] = " ".join(["bench/fault_suite.py", *sys.argv[1:]])
-    width = max(map(len, figures))
-    for key, value in figures.items():
-        shown = f"{value:.3f}" if isinstance(value, float) and not math.isnan(value) else value
-        print(f"{key:<{width}}  {shown}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(figures, indent=2))
-    print(f"wrote {args.out}")
+    if args.fault in ("all", "agent"):
+        figures = run_fault_suite(samples=args.samples, cap=args.cap, requests_per_minute=args.rpm, progress=True)
+        figures["command"] = command
+        _show_and_write(figures, args.out)
+    if args.fault in ("all", "verdict-log-resume"):
+        figures = run_verdict_log_resume_fault(**({"groups": 32, "kill_after": (8, 16)} if args.quick else {}))
+        figures["command"] = command
+        _show_and_write(figures, str(RESULTS / ("fault_suite_verdict_log_resume" + ("_quick" if args.quick else "") + ".json")))
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def one_run(mode: str, items: list[dict], group_size: int, folder: str) -> tuple
     if mode == "log":  # closed: everything is written
         with open(config["verdict_log"], "rb") as f:
             logged = sum(1 for _ in f)
-        assert logged == len(items), logged
+        assert logged == 1 + len(items), logged  # the agent's reward record, then one per sample
     return elapsed, cpu
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bench.fault_suite import run_fault_suite
+from bench.fault_suite import run_fault_suite, run_verdict_log_resume_fault
 from verl_async_rm.limits import rate_bound
 
 
@@ -46,3 +46,18 @@ def test_fault_suite_1k():
                     "waiting on the rate limit (the committed bench/results/fault_suite.json is this run)")
 def test_fault_suite_10k():
     check(run_fault_suite(samples=10_000))
+
+
+@pytest.mark.slow
+def test_verdict_log_resume_after_sigkill_with_a_group_judge():
+    """``score`` with a group judge SIGKILLed three times, each kill in a run resumed from the last
+    one, then completed: no row lost or scored twice, no group the log held judged again, no run hung."""
+    figures = run_verdict_log_resume_fault(groups=32, kill_after=(4, 12, 20))
+    assert figures["kills"] == 3 and figures["final_exit_code"] == 0, figures["runs"]
+    assert figures["returned"] == figures["samples"] and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert figures["misaligned_scores"] == 0
+    assert figures["duplicated_group_calls"] == 0 and figures["hung"] == 0
+    # every group was judged (the log started empty); what a kill lost is all that was paid twice
+    assert figures["group_calls_judged"] - figures["group_calls_lost_to_kills"] == figures["groups"]
+    # a kill loses nothing the log held: each resumed run starts from at least what was logged when it struck
+    assert [run["groups_in_log_at_start"] >= after for run, after in zip(figures["runs"][1:], (4, 12, 20))] == [True] * 3

@@ -26,7 +26,7 @@ from verl_async_rm_rig.demo_data import make_responses, write_jsonl
 from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 from verl_async_rm.user_rewards import llm_judge
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
-from verl_async_rm.verdict_log import VerdictWriter, load_resume_answers, read_log
+from verl_async_rm.verdict_log import RewardIdentity, VerdictWriter, load_resume_answers, read_log
 from verl_async_rm.verdict_report import summarize
 
 JUDGE = llm_judge.__file__
@@ -36,21 +36,29 @@ def records(path) -> list[dict]:
     return read_log(path).records
 
 
+ME = RewardIdentity.of("rewards.py:compute_score", __file__, None, {})
+
+
+def logged(key: str, score, failure=None, **fields) -> dict:
+    """A sample's record as this reward writes it (``key`` doubles as its request)."""
+    return {"key": key, "request": key, "reward": ME.id, "score": score, "failure": failure, **fields}
+
+
 # -- crash safety of the file itself ------------------------------------------------------------------
 @pytest.mark.quick
 def test_a_torn_last_line_is_skipped_on_read_and_cut_before_appending(tmp_path):
     log = tmp_path / "v.jsonl"
     writer = VerdictWriter(log, fsync_s=0)
     for i in range(3):
-        writer.append({"key": f"k{i}", "score": float(i), "failure": None})
+        writer.append(logged(f"k{i}", float(i)))
     writer.close()
     with log.open("ab") as f:  # a write killed half-way
         f.write(b'{"key": "k3", "sco')
     result = read_log(log)
     assert [r["key"] for r in result.records] == ["k0", "k1", "k2"] and result.torn_tail
-    assert set(load_resume_answers(log)) == {"k0", "k1", "k2"}
+    assert set(load_resume_answers(log, ME).answers) == {"k0", "k1", "k2"}
     writer = VerdictWriter(log)  # appending again: the torn line is cut first, not glued to the next record
-    writer.append({"key": "k4", "score": 4.0, "failure": None})
+    writer.append(logged("k4", 4.0))
     writer.close()
     result = read_log(log)
     assert [r["key"] for r in result.records] == ["k0", "k1", "k2", "k4"] and not result.torn_tail
@@ -64,11 +72,11 @@ def test_a_torn_last_line_is_skipped_on_read_and_cut_before_appending(tmp_path):
 def test_failures_are_logged_but_not_cached_and_the_last_success_wins(tmp_path):
     log = tmp_path / "v.jsonl"
     writer = VerdictWriter(log)
-    writer.append({"key": "a", "score": None, "failure": "timeout", "error": "slow"})
-    writer.append({"key": "b", "score": 0.0, "failure": None, "extra": {}, "attempts": 1})
-    writer.append({"key": "b", "score": 1.0, "failure": None, "extra": {"judge_reply": "1"}, "attempts": 2})
+    writer.append(logged("a", None, "timeout", error="slow"))
+    writer.append(logged("b", 0.0, extra={}, attempts=1))
+    writer.append(logged("b", 1.0, extra={"judge_reply": "1"}, attempts=2))
     writer.close()
-    answers = load_resume_answers(log)
+    answers = load_resume_answers(log, ME).answers
     assert set(answers) == {"b"} and answers["b"].score == 1.0 and answers["b"].extra == {"judge_reply": "1"}
 
 
@@ -169,7 +177,7 @@ def test_a_killed_score_resumes_to_the_output_of_an_uninterrupted_run(tmp_path, 
         assert main(score_command(tmp_path, server, "whole.jsonl")[3:]) == 0  # the same command, in process
 
         log = tmp_path / "cut.jsonl.verdicts.jsonl"
-        code = run_until_logged(score_command(tmp_path, server, "cut.jsonl"), log, 40, sig)
+        code = run_until_logged(score_command(tmp_path, server, "cut.jsonl"), log, 1 + 40, sig)  # its reward record, 40 verdicts
         settled = {r["key"] for r in records(log) if r["failure"] is None}
         assert 40 <= len(settled) < len(rows)
         if sig == signal.SIGINT:  # Ctrl-C: exit 130; the output holds every score handed over, right

@@ -39,6 +39,8 @@ def _print_summary(summary: dict) -> None:
 
 
 def _verdict_log_path(args) -> Path | None:
+    if args.accept_reward_change and not args.resume:
+        raise ValueError("--accept-reward-change is for --resume (it lets a resume reuse another reward's verdict log)")
     if args.no_verdict_log:
         if args.resume:
             raise ValueError("--resume needs the verdict log (drop --no-verdict-log)")
@@ -69,6 +71,7 @@ def cmd_score(args) -> int:
         response_key=args.response_key,
         verdict_log=verdict_log,
         resume=args.resume,
+        accept_reward_change=args.accept_reward_change,
     )
     print("summary:")
     _print_summary(summary)
@@ -114,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--no-verdict-log", action="store_true", help="keep no verdict log")
     score.add_argument("--resume", action="store_true",
                        help="answer samples already scored in the verdict log from it (complete an interrupted run)")
+    score.add_argument("--accept-reward-change", action="store_true",
+                       help="with --resume: reuse a verdict log written by another reward, or another version of this "
+                            "one (refused otherwise, both named)")
     score.set_defaults(func=cmd_score)
 
     log = sub.add_parser("log", help="read a verdict log: per-step summaries, failure kinds, slowest requests, cost")

@@ -94,6 +94,14 @@ class AgentConfig(BaseModel):
     verdict_log: str | None = Field(None, description="append every settled sample here (JSON lines); resume cache")
     verdict_log_resume: bool = Field(True, description="answer requests already scored in verdict_log from it, not the judge")
     verdict_log_fsync_s: float = Field(1.0, ge=0, description="fsync the verdict log at most this often (and on close)")
+    reward_version: str | None = Field(
+        None, min_length=1, description="names the reward's version in the verdict log instead of a hash of its source "
+        "file: change it when the reward changes what it scores (needed when the code has no source file)"
+    )
+    verdict_log_accept_reward_change: bool = Field(
+        False, description="resume from a verdict log written by another reward (or another version of it), reusing "
+        "its answers; without it such a resume is refused at start"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:

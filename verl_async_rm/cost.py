@@ -60,11 +60,18 @@ class Usage:
 ZERO = Usage()
 
 
+# No request uses this many tokens; a count past it is a reporting bug. Bounded so that every sum and
+# cost stays an exact, finite float: 10**400 reported once made every later cost figure (float of
+# the total) raise OverflowError.
+MAX_TOKENS = 2**53
+
+
 def _count(value: Any, what: str) -> int:
-    if value.__class__ is int and value >= 0:  # the common case, without the checks below
+    if value.__class__ is int and 0 <= value <= MAX_TOKENS:  # the common case, without the checks below
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
-        raise ValueError(f"usage {what} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TOKENS \
+            or value != int(value):  # (NaN and infinities fail the range check)
+        raise ValueError(f"usage {what} must be an integer from 0 to {MAX_TOKENS}, got {value!r:.80}")
     return int(value)
 
 

@@ -15,6 +15,8 @@ Either may be ``async def``; that is detected here, once.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -65,6 +67,9 @@ class UserReward:
     spec: RewardSpec | None = None
     instance: Any = None  # a class reward's instance; its close()/aclose() runs when the agent closes
     group_fn: Callable[[list], Any] | None = None  # a group judge's compute_group_score (then score_fn is None)
+    # What it was configured with (a function's call kwargs, a class's constructor kwargs; None for an
+    # instance built by the caller): part of its identity in the verdict log.
+    kwargs: dict | None = None
 
     @property
     def is_group_judge(self) -> bool:
@@ -133,6 +138,25 @@ def _find(spec: RewardSpec) -> Any:
     return getattr(module, spec.name)
 
 
+def source_file(reward: UserReward) -> str | None:
+    """The file holding the code that scores: the spec's file, else where the class (of an instance)
+    or the function was defined; None when there is none (a builtin, code typed at a prompt)."""
+    spec = reward.spec
+    if spec is not None and spec.path is not None and not spec.path.startswith(PKG_PREFIX):
+        path = spec.path[len(FILE_PREFIX):] if spec.path.startswith(FILE_PREFIX) else spec.path
+        return os.path.abspath(os.path.expanduser(path))
+    target = type(reward.instance) if reward.instance is not None else reward.score_fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not (inspect.isroutine(target) or inspect.isclass(target)):  # a callable object: its class's code
+        target = type(target)
+    try:
+        path = inspect.getsourcefile(inspect.unwrap(target))
+    except TypeError:  # a builtin or C callable: no Python source
+        return None
+    return os.path.abspath(path) if path is not None and os.path.isfile(path) else None
+
+
 def load_reward(path: str | None, name: str, kwargs: dict | None = None) -> UserReward:
     """From a file (``path`` + ``name``), or from an importable module when ``path`` is None and
     ``name`` reads ``"package.module:attribute"``."""
@@ -150,7 +174,7 @@ def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None
             instance = obj(**kwargs)
         except TypeError as exc:
             raise RewardFunctionError(f"cannot instantiate {label} with kwargs {sorted(kwargs)}: {exc}") from None
-        return _from_instance(instance, label, spec)
+        return dataclasses.replace(_from_instance(instance, label, spec), kwargs=kwargs)
     if not inspect.isroutine(obj) and (callable(getattr(obj, "compute_score", None))
                                        or callable(getattr(obj, GROUP_METHOD, None))):
         _check_scoring_methods(obj, label)
@@ -160,7 +184,7 @@ def wrap_reward(obj: Any, kwargs: dict | None = None, *, spec: RewardSpec | None
     if not callable(obj):
         raise RewardFunctionError(f"{label} is a {type(obj).__name__}, not a function or a class")
     _check_signature(obj, label, kwargs)
-    return UserReward(label, obj, _is_async(obj), kwargs, spec=spec)
+    return UserReward(label, obj, _is_async(obj), kwargs, spec=spec, kwargs=kwargs)
 
 
 GROUP_METHOD = "compute_group_score"

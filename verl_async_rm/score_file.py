@@ -50,18 +50,21 @@ def score_file(
     progress: bool = True,
     verdict_log: Path | None = None,
     resume: bool = False,
+    accept_reward_change: bool = False,
 ) -> dict:
     """Score every row; returns the summary. If scoring stops (``RewardError``: the failure budget,
     the ``raise`` policy, the judge budget) or is interrupted (Ctrl-C: ``interrupted`` in the
     summary), the summary says why under ``error``, and the output still holds every score computed
     until then (the others are null). ``verdict_log``: every settled sample is appended there as it
     settles (a kill loses nothing settled); ``resume``: samples already scored in it are answered
-    from it, not sent again, so a rerun completes an interrupted one."""
+    from it, not sent again, so a rerun completes an interrupted one; ``accept_reward_change``: even
+    if another reward (or another version of this one) wrote it."""
     rows, items = read_items(Path(input_path), response_key)
     config = dict(config or {})
     if verdict_log is not None:
         config["verdict_log"] = str(verdict_log)
         config["verdict_log_resume"] = resume
+        config["verdict_log_accept_reward_change"] = accept_reward_change
     scores: list[float | None] = [None] * len(items)
     extras: list[dict] = [{} for _ in items]
     groups = max(1, len(items) // group_size)

@@ -1,12 +1,27 @@
 """The durable verdict log: every settled sample, one JSON line each, appended; and its reading back.
 
-**Format.** One JSON object per line (``VERSION`` in ``"v"``): ``key`` (``request_key``), ``t`` (unix
+**Format.** One JSON object per line (``VERSION`` in ``"v"``). Each agent that opens the log first
+writes a *reward record*: ``reward_identity`` (what scores: see below), ``reward`` (its id), ``accepts``
+(ids of other rewards whose answers it adopted, ``accept_reward_change``). Then one record per
+settled sample: ``reward`` (the id of what scored it), ``request`` (``request_key``: what was asked),
+``key`` (``verdict_key``: both together), ``sample`` (the sample, unique in the log), ``t`` (unix
 time), ``ticket`` (one per submitted batch, a training step's; null on the per-sample path),
 ``index``, ``uid``, ``score`` (the reward's own score, before the failure policy and the group
 hook; null if it failed), ``extra`` (its extra info), ``verdict`` (the judge's text, if the extra
 info has ``judge_reply``, ``verdict`` or ``explanation``), ``latency_s`` (submit to settled),
 ``request_s`` (its last attempt, sent to answered), ``attempts``, ``failure`` (the failure kind, null on success), ``error``, ``input_tokens`` /
-``output_tokens`` (what the judge reported; null if nothing) and ``cost`` (with prices).
+``output_tokens`` (what the judge reported; null if nothing) and ``cost`` (with prices). A group hook
+(``post_process_scores``) that fails after its samples were logged appends one more record per
+sample it failed, ``"stage": "hook"``, with the same ``sample`` and the hook's failure: readers take
+it as that sample's outcome (the judge's own verdict stays resumable; the hook runs again).
+
+**Reward identity.** What scored is named by ``RewardIdentity``: the reward's name, the file holding
+its code and a SHA-256 of that file, or the ``reward_version`` the user sets instead of the hash (so
+edits the user declares irrelevant keep the log), plus its kwargs (but ``api_key``; for an instance
+the caller built, whose kwargs are unknown, its plain public attributes). Its id is a hash of the
+name, the source hash (or the version) and the kwargs: the same code checked out in another folder
+is the same reward; a different file of the same name, or a fixed bug, is not. The reward record
+shows the kwargs with secret-looking values hidden and credentials cut out of URLs.
 
 **Crash safety.** Appends go through one background thread (``VerdictWriter``): the event loop only
 puts a record on a queue, so a slow disk never stalls scoring. Every ``WRITE_EVERY_S`` (50 ms) the
@@ -17,9 +32,18 @@ most that much more. Closing the agent (also on Ctrl-C) writes and fsyncs everyt
 readers skip it, and the writer cuts it off before appending again. A bad line anywhere else is an
 error (the file is not ours, or is damaged).
 
-**Resume.** ``load_resume_answers`` reads the successes (the last one per key); failed samples are
-not cached, so a resumed run sends them again (a failure is usually transient: a timeout, a 429, a
-deadline). One writer per file: two agents must not share a log.
+**Resume.** ``plan_resume`` reads the successes of this reward (the last one per request); failed
+samples are not cached, so a resumed run sends them again (a failure is usually transient: a
+timeout, a 429, a deadline). A log holding answers of another reward is refused at start, both
+rewards named (``RewardChanged``), unless the user accepts the change (``accept_reward_change``):
+then every answer in the log is reused, and the new reward record says it adopted them, so later
+resumes of the same reward reuse them without asking again. A log written before identities were
+recorded (``"v": 1``) cannot be matched and is refused. One writer per file: two agents must not
+share a log.
+
+**Group judges.** A member's verdict depends on its whole group: its ``request`` is a hash of its own
+request among the sorted requests of its group (the order members arrived in does not matter), and a
+group call is answered from the log only when every member is; otherwise the group is sent again.
 """
 
 from __future__ import annotations
@@ -29,15 +53,18 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 _log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 VERDICT_KEYS = ("judge_reply", "verdict", "explanation")
 UNHASHED_KWARGS = frozenset({"api_key"})  # a rotated key does not change a verdict
 WRITE_EVERY_S = 0.05  # the writer thread's period: what a killed process can lose (sent again on resume)
@@ -54,14 +81,121 @@ def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=_plain, ensure_ascii=False)
 
 
-def request_key(reward_label: str, reward_kwargs: Mapping, data_source: Any, solution_str: Any,
-                ground_truth: Any, extra_info: Any) -> str:
-    """A stable hash of the reward (its label ``file.py:name`` and kwargs but ``api_key``) and the
-    request. Not the sample's position or uid: the same response to the same prompt is the same
-    request wherever it sits in a batch."""
-    kwargs = {k: v for k, v in dict(reward_kwargs).items() if k not in UNHASHED_KWARGS}
-    text = dumps([reward_label, kwargs, data_source, solution_str, ground_truth, extra_info])
+def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def request_key(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any) -> str:
+    """A stable hash of what was asked. Not the sample's position or uid: the same response to the
+    same prompt is the same request wherever it sits in a batch."""
+    return _sha256(dumps([data_source, solution_str, ground_truth, extra_info]))
+
+
+def group_request_keys(member_requests: list[str]) -> list[str]:
+    """The request of each member of a group judge's call: its own request within its group. The
+    group is the sorted multiset of its members' requests (arrival order on the per-sample path
+    varies between runs); identical members are told apart by their occurrence."""
+    group = _sha256(dumps(sorted(member_requests)))
+    seen: Counter[str] = Counter()
+    keys = []
+    for request in member_requests:
+        keys.append(_sha256(dumps(["group", group, request, seen[request]])))
+        seen[request] += 1
+    return keys
+
+
+def verdict_key(reward_id: str, request: str) -> str:
+    """What scored and what was asked: the record's ``key``."""
+    return _sha256(f"{reward_id}/{request}")
+
+
+# Whole words of a setting's name (max_tokens is no secret; hf_token, api_key, auth_header are).
+_SECRET_NAME = re.compile(r"(?:^|_)(?:key|apikey|token|secret|password|passwd|auth|authorization|credentials?)(?:_|$)",
+                          re.IGNORECASE)
+
+
+def shown(settings: Mapping) -> dict:
+    """Settings as the log and error messages show them: values of secret-looking names hidden, and
+    credentials cut out of URLs (``user:pass@``, the query). The id hashes the real values."""
+    out = {}
+    for name, value in settings.items():
+        if _SECRET_NAME.search(str(name)):
+            value = "<hidden>"
+        elif isinstance(value, str) and "://" in value:
+            parts = urlsplit(value)
+            if parts.username or parts.password or parts.query:
+                value = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+        out[name] = value
+    return out
+
+
+def _plain_attributes(instance: Any) -> dict:
+    """A caller-built instance's configuration, as far as it shows: its public attributes holding
+    plain values (a model name, a temperature), not clients or state objects."""
+    return {name: value for name, value in sorted(getattr(instance, "__dict__", {}).items())
+            if not name.startswith("_") and (value is None or isinstance(value, (str, int, float, bool)))}
+
+
+@dataclass(frozen=True)
+class RewardIdentity:
+    """What scores (see the module docstring). ``file`` and ``source_sha256`` are None when the code
+    has no source file (a builtin, code typed at a prompt): then only ``reward_version`` tells runs
+    apart, and resuming needs it. ``attributes``: for an instance the caller built (its constructor
+    kwargs are unknown), its plain public attributes stand in for them."""
+
+    name: str
+    file: str | None
+    source_sha256: str | None
+    reward_version: str | None
+    kwargs: dict = field(default_factory=dict)
+    attributes: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, name: str, file: str | None, reward_version: str | None, kwargs: Mapping | None,
+           instance: Any = None) -> RewardIdentity:
+        source = None
+        if file is not None:
+            with open(file, "rb") as f:
+                source = hashlib.sha256(f.read()).hexdigest()
+        hashed = {k: v for k, v in dict(kwargs or {}).items() if k not in UNHASHED_KWARGS}
+        attributes = {} if instance is None else \
+            {k: v for k, v in _plain_attributes(instance).items() if k not in UNHASHED_KWARGS}
+        return cls(name, file, source, None if reward_version is None else str(reward_version), hashed, attributes)
+
+    @property
+    def id(self) -> str:
+        what = {"version": self.reward_version} if self.reward_version is not None else {"source": self.source_sha256}
+        settings = [self.kwargs, self.attributes] if self.attributes else [self.kwargs]
+        return _sha256(dumps([self.name, what, *settings]))[:16]
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether a changed reward would get a new id."""
+        return self.reward_version is not None or self.source_sha256 is not None
+
+    def as_record(self) -> dict:
+        return {"name": self.name, "file": self.file, "source_sha256": self.source_sha256,
+                "reward_version": self.reward_version, "kwargs": shown(self.kwargs), "attributes": shown(self.attributes)}
+
+    def describe(self) -> str:
+        return describe_reward(self.as_record(), self.id)
+
+
+def describe_reward(identity: Mapping, reward_id: str | None) -> str:
+    """One line naming a reward, from its record (``RewardIdentity.as_record``)."""
+    version, source = identity.get("reward_version"), identity.get("source_sha256")
+    what = f"reward_version {version!r}" if version is not None else \
+        (f"source sha256 {source[:12]}" if source else "source unknown")
+    where = f" in {identity['file']}" if identity.get("file") else ""
+    settings = f", kwargs {dumps(identity.get('kwargs') or {})}"
+    if identity.get("attributes"):
+        settings += f", attributes {dumps(identity['attributes'])}"
+    return f"{identity.get('name')}{where} ({what}{settings}; id {reward_id})"
+
+
+def reward_record(identity: RewardIdentity, accepts: Iterable[str] = ()) -> dict:
+    return {"v": VERSION, "t": time.time(), "reward": identity.id, "reward_identity": identity.as_record(),
+            "accepts": sorted(accepts)}
 
 
 def verdict_text(extra: Mapping) -> str | None:
@@ -106,13 +240,18 @@ def _cut_torn_tail(path: Path) -> int:
 class VerdictWriter:
     """Appends records from any thread; one daemon thread writes them (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, fsync_s: float = 1.0, write_every_s: float = WRITE_EVERY_S):
+    def __init__(self, path: str | os.PathLike, fsync_s: float = 1.0, write_every_s: float = WRITE_EVERY_S,
+                 header: dict | None = None):
+        """``header``: a first record (the reward record), written before this returns."""
         self.path = Path(path)
         self.fsync_s = fsync_s
         self.write_every_s = write_every_s
         self._stop = threading.Event()
         _cut_torn_tail(self.path)
         self._file = self.path.open("ab")
+        if header is not None:
+            self._file.write((dumps(header) + "\n").encode())
+            self._file.flush()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None  # a failed write: the engine fails loudly on it
         self.written = 0
@@ -161,8 +300,9 @@ class VerdictWriter:
 
 @dataclass(frozen=True)
 class ReadResult:
-    records: list[dict]
+    records: list[dict]  # the samples' records, in order
     torn_tail: bool  # the last line was cut by a kill (skipped)
+    rewards: list[dict] = field(default_factory=list)  # the reward records, in order
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str]]:
@@ -179,7 +319,7 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, st
 
 def read_log(path: str | os.PathLike) -> ReadResult:
     """Every record; a torn last line is skipped, a bad line elsewhere raises ValueError."""
-    records, bad = [], None
+    records, rewards, bad = [], [], None
     for number, record, text in iter_records(path):
         if bad is not None:
             raise ValueError(f"{path}:{bad}: not a verdict log record (only a torn last line is tolerated)")
@@ -188,10 +328,13 @@ def read_log(path: str | os.PathLike) -> ReadResult:
                 raise ValueError(f"{path}:{number}: not a verdict log record")
             bad = number
             continue
+        if isinstance(record, dict) and "reward_identity" in record:
+            rewards.append(record)
+            continue
         if not isinstance(record, dict) or "key" not in record:
             raise ValueError(f"{path}:{number}: not a verdict log record (no 'key')")
         records.append(record)
-    return ReadResult(records, bad is not None)
+    return ReadResult(records, bad is not None, rewards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +344,60 @@ class LoggedAnswer:
     attempts: int
 
 
-def load_resume_answers(path: str | os.PathLike) -> dict[str, LoggedAnswer]:
-    """Successes by request key (the last one wins); an absent file is an empty log."""
-    if not Path(path).exists():
-        return {}
+class RewardChanged(ValueError):
+    """A resume against a log written by another reward (or by an unknown one)."""
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    answers: dict[str, LoggedAnswer]  # by request key
+    accepts: frozenset[str] = frozenset()  # other rewards' ids whose answers are reused
+
+
+LEGACY = "(a log written before reward identities were recorded)"
+
+
+def plan_resume(log: ReadResult, identity: RewardIdentity, accept_reward_change: bool, path: Any = "the verdict log") -> ResumePlan:
+    """The answers a resumed run may reuse: the successes of ``identity`` and of the rewards it
+    adopted before (the last one per request). Raises ``RewardChanged``, naming both rewards, when
+    the log holds answers of another reward, unless ``accept_reward_change``: then all are reused."""
+    own = identity.id
+    adopted = {own}
+    described: dict[str | None, str] = {}
+    for record in log.rewards:
+        reward = record.get("reward")
+        described[reward] = describe_reward(record["reward_identity"], reward)
+        if reward == own:
+            adopted.update(record.get("accepts") or ())
+    successes = [r for r in log.records if r.get("failure") is None and r.get("score") is not None and r.get("stage") is None]
+    foreign = {r.get("reward") for r in successes} - adopted
+    if None in foreign:
+        raise RewardChanged(
+            f"{path} holds {sum(r.get('reward') is None for r in successes)} answers {LEGACY}: they cannot be matched "
+            f"to requests. Start a new verdict log, or set verdict_log_resume=false to append to this one without "
+            f"reusing it")
+    if foreign and not accept_reward_change:
+        counts = Counter(r.get("reward") for r in successes if r.get("reward") in foreign)
+        theirs = "; ".join(f"{count} answers by {described.get(reward, f'reward id {reward}')}" for reward, count in counts.most_common())
+        raise RewardChanged(
+            f"{path} was written by another reward: it holds {theirs}. This run scores with {identity.describe()}. "
+            "Its answers would not be this reward's: use another verdict log, or accept the change "
+            "(verl-async-rm score --accept-reward-change; setting verdict_log_accept_reward_change=true) to reuse them")
+    if own in {r.get("reward") for r in successes} and not identity.verifiable and not accept_reward_change:
+        raise RewardChanged(
+            f"{path}: {identity.describe()} has no source file to hash, so whether its code changed since the log "
+            "was written cannot be told: set reward_version (change it when the reward changes), or accept the "
+            "change (verdict_log_accept_reward_change=true)")
     answers = {}
-    for record in read_log(path).records:
-        if record.get("failure") is None and record.get("score") is not None:
-            answers[record["key"]] = LoggedAnswer(float(record["score"]), dict(record.get("extra") or {}),
-                                                  int(record.get("attempts") or 1))
-    return answers
+    for record in successes:
+        if accept_reward_change or record.get("reward") in adopted:
+            answers[record["request"]] = LoggedAnswer(float(record["score"]), dict(record.get("extra") or {}),
+                                                      int(record.get("attempts") or 1))
+    return ResumePlan(answers, frozenset((adopted | foreign) - {own}))
+
+
+def load_resume_answers(path: str | os.PathLike, identity: RewardIdentity, accept_reward_change: bool = False) -> ResumePlan:
+    """``plan_resume`` over the file at ``path``; an absent file is an empty log."""
+    if not Path(path).exists():
+        return ResumePlan({})
+    return plan_resume(read_log(path), identity, accept_reward_change, path)

@@ -12,6 +12,23 @@ import numpy as np
 STREAM = "(per-sample path)"  # records without a ticket: the reward loop's samples, one at a time
 
 
+def sample_outcomes(records: Iterable[dict]) -> list[dict]:
+    """One record per sample, as it ended: a group hook's failure (``"stage": "hook"``) replaces the
+    failure fields of its sample's record (found by ``sample``); the judge's timing and usage stay."""
+    samples: list[dict] = []
+    at: dict[str, int] = {}
+    for record in records:
+        sample = record.get("sample")
+        if record.get("stage") == "hook" and sample in at:
+            base = samples[at[sample]]
+            samples[at[sample]] = {**base, "failure": record.get("failure"), "error": record.get("error")}
+            continue
+        if sample is not None:
+            at[sample] = len(samples)
+        samples.append(record)
+    return samples
+
+
 def _stats(records: list[dict]) -> dict:
     scores = [r["score"] for r in records if r.get("failure") is None and r.get("score") is not None]
     latencies = np.array([r["latency_s"] for r in records if r.get("latency_s") is not None], dtype=float)
@@ -35,7 +52,7 @@ def _stats(records: list[dict]) -> dict:
 def summarize(records: Iterable[dict], slowest: int = 5, examples: int = 2) -> dict:
     """Totals, one entry per step (ticket, in order of first appearance), failure kinds with their
     first messages, and the slowest requests."""
-    records = list(records)
+    records = sample_outcomes(records)
     steps: dict[str, list[dict]] = {}
     for record in records:
         steps.setdefault(record.get("ticket") or STREAM, []).append(record)

@@ -96,9 +96,10 @@ class TicketRun:
 class StreamMember:
     """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
 
-    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample")
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial")
 
-    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float):
+    def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float,
+                 serial: str = ""):
         self.label = label  # the reward's, for error messages
         self.group = group
         self.position = position
@@ -106,6 +107,7 @@ class StreamMember:
         self.arrived_at = arrived_at
         self.deadline: asyncio.TimerHandle | None = None
         self.sample: Sample | None = None
+        self.serial = serial  # names it in the verdict log (a ticket's samples: ticket and index)
 
     def describe(self, item: RewardItem) -> str:
         kind, uid = self.group.key
@@ -127,6 +129,7 @@ class ScoringEngine:
         self.loop = loop
         self.id = secrets.token_hex(4)  # ticket ids never repeat across agents (a re-created actor)
         self._ticket_numbers = itertools.count()
+        self._stream_numbers = itertools.count()
         self.policy = config.failure
         self.metrics = AgentMetrics()
         # The agent-wide window: twice the cap (a whole in flight that fails at once is not enough).
@@ -471,7 +474,7 @@ class ScoringEngine:
                 "group %r got a member after group_wait (%ss) had closed it short of %d samples: the wait is "
                 "shorter than the spread of its generation times; it continues as a new group", uid, group_wait, group_size,
             )
-        member = StreamMember(self.reward.label, group, position, answer, now)
+        member = StreamMember(self.reward.label, group, position, answer, now, f"{self.id}/s{next(self._stream_numbers)}")
         self.stream_members.setdefault(group, []).append(member)
         wait = self.stream_waits.pop(group, None)
         if wait is not None:
@@ -535,7 +538,8 @@ class ScoringEngine:
                     member.answer((result.scores[at], result.extras[at]))
 
         where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r}"
-        self._resolve(group.settled(), deliver, deadline, where, self.stream_hooks)
+        self._resolve(group.settled(), deliver, deadline, where, self.stream_hooks,
+                      sample_of=lambda position: next(m.sample for m in members if m.position == position))
 
     # -- settling -----------------------------------------------------------------------------------
     def _settle(self, sample: Sample, outcome: Outcome) -> None:
@@ -585,7 +589,7 @@ class ScoringEngine:
         where = "" if self.reward.group_hook is None else \
             f"{self.reward.label}.post_process_scores on group {group.key[1]!r} (ticket {run.ticket})"
         deadline = run.submitted_at + (self.config.ticket_deadline or float("inf"))
-        self._resolve(group, run.deliver, deadline, where, run.hooks, run)
+        self._resolve(group, run.deliver, deadline, where, run.hooks, run, run.samples.__getitem__)
 
     def _count_recent(self, failed: bool, outcome: Outcome) -> bool:
         kind, message = (outcome.kind, outcome.message) if failed else ("", "")
@@ -596,8 +600,10 @@ class ScoringEngine:
 
     def _resolve(
         self, group: SettledGroup, deliver: Deliver, deadline: float, where: str, hooks: set, run: TicketRun | None = None,
+        sample_of: Callable[[int], Sample] | None = None,
     ) -> None:
-        """Failure policy, then the group hook (bounded by ``hook_timeout`` and the deadline)."""
+        """Failure policy, then the group hook (bounded by ``hook_timeout`` and the deadline).
+        ``sample_of(index)``: the group's samples, for the verdict log when the hook fails them."""
         try:
             result = resolve_group(group, self.policy)
         except RewardError as error:
@@ -606,54 +612,72 @@ class ScoringEngine:
         if self.reward.group_hook is None:
             deliver(result)
             return
-        task = self.loop.create_task(self._post_process(result, deliver, deadline, where, run))
+        task = self.loop.create_task(self._post_process(result, deliver, deadline, where, run, sample_of))
         hooks.add(task)
         task.add_done_callback(hooks.discard)
 
-    async def _post_process(self, result: GroupResult, deliver: Deliver, deadline: float, where: str, run: TicketRun | None) -> None:
+    async def _post_process(self, result: GroupResult, deliver: Deliver, deadline: float, where: str, run: TicketRun | None,
+                            sample_of: Callable[[int], Sample] | None) -> None:
         reward = self.reward
         budget = deadline - self.loop.time()
         hook_bound = self.config.hook_timeout is not None and self.config.hook_timeout < budget
         if hook_bound:
             budget = self.config.hook_timeout
-        try:
-            if budget <= 0:
-                raise asyncio.CancelledError()  # resolved at (or after) the deadline: no time for the hook
-            async with asyncio.timeout(None if budget == float("inf") else budget):
-                if reward.hook_is_async:
-                    values = await reward.group_hook(list(result.scores))
-                else:  # once per group, not per sample: the standard pool fits (see thread_bridge for why not there)
-                    if self._hook_threads is None:
-                        self._hook_threads = ThreadPoolExecutor(8, thread_name_prefix="reward-hook")
-                    values = await self.loop.run_in_executor(self._hook_threads, reward.group_hook, list(result.scores))
-                if inspect.isawaitable(values):
-                    values = await values
-            scores = normalize_group_scores(values, len(result.indices), where)
-            deliver(dataclasses.replace(result, scores=scores))
-            return
-        except asyncio.CancelledError:  # the deadline expired, or the ticket failed/was cancelled
+        if budget <= 0:  # resolved at (or after) the deadline: no time for the hook
             error_text, kind = "resolved without it at the deadline", "deadline"
-        except TimeoutError:
-            if hook_bound:
-                error_text, kind = f"timed out (hook_timeout {self.config.hook_timeout}s)", "hook_timeout"
-            else:
+        else:
+            try:
+                async with asyncio.timeout(None if budget == float("inf") else budget):
+                    if reward.hook_is_async:
+                        values = await reward.group_hook(list(result.scores))
+                    else:  # once per group, not per sample: the standard pool fits (see thread_bridge for why not there)
+                        if self._hook_threads is None:
+                            self._hook_threads = ThreadPoolExecutor(8, thread_name_prefix="reward-hook")
+                        values = await self.loop.run_in_executor(self._hook_threads, reward.group_hook, list(result.scores))
+                    if inspect.isawaitable(values):
+                        values = await values
+                scores = normalize_group_scores(values, len(result.indices), where)
+                deliver(dataclasses.replace(result, scores=scores))
+                return
+            except asyncio.CancelledError:
+                # Only two things cancel a hook: its ticket's deadline (``_expire_ticket``; the ticket
+                # has no error then), or the end of whoever waits for the group (its ticket failed or
+                # was cancelled, every stream member answered with an error, the agent closed). Then
+                # its group goes to nobody: its samples stay as they settled, no failure is counted.
+                if run is None or run.error is not None:
+                    return
                 error_text, kind = "resolved without it at the deadline", "deadline"
-        except Exception as exc:  # noqa: BLE001 - a broken hook fails its group by the policy
-            error_text, kind = f"failed: {type(exc).__name__}: {exc}", "hook_error"
+            except TimeoutError:
+                if hook_bound:
+                    error_text, kind = f"timed out (hook_timeout {self.config.hook_timeout}s)", "hook_timeout"
+                else:
+                    error_text, kind = "resolved without it at the deadline", "deadline"
+            except Exception as exc:  # noqa: BLE001 - a broken hook fails its group by the policy
+                error_text, kind = f"failed: {type(exc).__name__}: {exc}", "hook_error"
         self.metrics.hook_failures += 1
         failure = Failed(kind, f"{where} {error_text}")
-        # A failed hook fails its group's scored samples (the failed ones are counted already):
-        # charged to the budgets like any failure.
-        newly_failed = sum(1 for extra in result.extras if not extra.get("reward_failed"))
+        # A failed hook fails its group's scored samples (the failed ones are counted already): they
+        # move from completed to failed, are charged to the budgets like any failure, and the verdict
+        # log says so (their judge verdicts stay resumable: the hook runs again on resume).
+        newly_failed = [i for i, extra in zip(result.indices, result.extras) if not extra.get("reward_failed")]
         if newly_failed:
-            self.metrics.failures_by_kind[kind] += newly_failed
-            if run is not None and run.error is None and run.budget.record_failure(kind, failure.message, newly_failed):
+            self.metrics.completed -= len(newly_failed)
+            self.metrics.failed += len(newly_failed)
+            self.metrics.failures_by_kind[kind] += len(newly_failed)
+            if self.verdicts is not None and sample_of is not None:
+                now = self.loop.time()
+                for index in newly_failed:
+                    if self._log_verdict(sample_of(index), failure, now, stage="hook"):
+                        return
+            if run is not None and run.error is None and run.budget.record_failure(kind, failure.message, len(newly_failed)):
                 self._fail_ticket(run, FailureBudgetExceeded(run.budget.describe(run.ticket)))
                 return
-            if any(self._count_recent(True, failure) for _ in range(newly_failed)):
+            if any(self._count_recent(True, failure) for _ in range(len(newly_failed))):
                 return
+        outcomes = [Failed(extra["reward_failure"], extra["reward_error"]) if extra.get("reward_failed") else failure
+                    for extra in result.extras]  # a sample that failed on its own keeps its own kind
         try:
-            failed = resolve_group(SettledGroup(result.key, result.indices, [failure] * len(result.indices)), self.policy)
+            failed = resolve_group(SettledGroup(result.key, result.indices, outcomes), self.policy)
         except RewardError as error:
             deliver(error)
             return
@@ -671,15 +695,23 @@ class ScoringEngine:
         self._serve(run)
 
     # -- judge operations: the verdict log and the budget ------------------------------------------------
-    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float) -> bool:
+    def _log_verdict(self, sample: Sample, outcome: Outcome, now: float, stage: str | None = None) -> bool:
         """Append a settled sample to the verdict log; True if the log cannot be written (then
         everything fails loudly: a run that believes it is resumable must be)."""
         owner = sample.owner
         if isinstance(owner, TicketRun):
             latency, ticket, uid = now - owner.submitted_at, owner.ticket, sample.item.uid
+            sample_id = f"{ticket}/{sample.item.index}"
         else:
             latency, ticket, uid = now - owner.arrived_at, None, owner.group.key[1] if owner.group.key[0] == "uid" else None
-        self.verdicts.record(sample, outcome, latency, ticket, uid, now)
+            sample_id = owner.serial
+        try:
+            self.verdicts.record(sample, outcome, latency, ticket, uid, now, sample_id, stage)
+        except Exception as exc:  # noqa: BLE001 - raised here it would leave the sample settled and its group unresolved: a hang
+            _log.exception("verdict log: recording %s failed", sample.where())
+            self._systemic_failure(f"the verdict log {self.config.verdict_log} cannot record {sample.where()}: "
+                                   f"{type(exc).__name__}: {exc}")
+            return True
         problem = self.verdicts.failed_writes()
         if problem is not None:
             self._systemic_failure(problem)

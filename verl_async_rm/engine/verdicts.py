@@ -1,6 +1,7 @@
 """The engine's side of the verdict log (format and crash safety in ``verl_async_rm/verdict_log.py``):
-samples already settled in the log are answered from it instead of being sent (resume), and every
-sample settled here is appended to it."""
+samples already settled in the log by this reward are answered from it instead of being sent
+(resume), and every sample settled here is appended to it. A group judge's call is answered from
+the log only when every member is (a member's verdict depends on its whole group)."""
 
 from __future__ import annotations
 
@@ -10,34 +11,65 @@ import time
 from typing import Callable
 
 from verl_async_rm.config import AgentConfig
-from verl_async_rm.engine.pipeline import DONE
 from verl_async_rm.cost import INPUT_KEY, OUTPUT_KEY, Prices
-from verl_async_rm.loader import UserReward
-from verl_async_rm.outcome import Failed, Outcome, Scored
-from verl_async_rm.verdict_log import VERSION, VerdictWriter, load_resume_answers, request_key, verdict_text
+from verl_async_rm.engine.group_judge import GroupCall
+from verl_async_rm.engine.pipeline import DONE
+from verl_async_rm.loader import UserReward, source_file
+from verl_async_rm.outcome import Outcome, Scored
+from verl_async_rm.verdict_log import (
+    VERSION, RewardIdentity, VerdictWriter, group_request_keys, load_resume_answers, request_key, reward_record,
+    verdict_key, verdict_text,
+)
 
 _log = logging.getLogger(__name__)
+
+
+def reward_identity(reward: UserReward, reward_version: str | None) -> RewardIdentity:
+    if reward.kwargs is not None:
+        return RewardIdentity.of(reward.label, source_file(reward), reward_version, reward.kwargs)
+    # an instance the caller built: its constructor kwargs are unknown, its attributes stand in
+    return RewardIdentity.of(reward.label, source_file(reward), reward_version, {}, instance=reward.instance)
 
 
 class VerdictBook:
     def __init__(self, reward: UserReward, config: AgentConfig, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.label = reward.label
-        self.kwargs = dict(reward.spec.kwargs) if reward.spec is not None else dict(reward.call_kwargs)
+        self.identity = reward_identity(reward, config.reward_version)
+        self.reward_id = self.identity.id
         self.prices = Prices.of(config.price_input_per_million, config.price_output_per_million)
-        self.answers = load_resume_answers(config.verdict_log) if config.verdict_log_resume else {}
+        plan = load_resume_answers(config.verdict_log, self.identity, config.verdict_log_accept_reward_change) \
+            if config.verdict_log_resume else None
+        self.answers = plan.answers if plan is not None else {}
+        if plan is not None and plan.accepts and config.verdict_log_accept_reward_change:
+            _log.warning("verdict log %s: reusing the answers of other rewards (ids %s) for %s, as "
+                         "verdict_log_accept_reward_change asks", config.verdict_log, sorted(plan.accepts),
+                         self.identity.describe())
         if self.answers:
             _log.info("verdict log %s: %d settled requests will be answered from it, not sent",
                       config.verdict_log, len(self.answers))
-        self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s)
+        header = reward_record(self.identity, plan.accepts if plan is not None else ())
+        self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s, header=header)
         self.resumed = 0
 
-    def key(self, sample) -> str:
+    def request(self, sample) -> str:
+        """The sample's request key; a group judge's members get theirs within their group."""
         if sample.log_key is None:
-            item = sample.item
-            sample.log_key = request_key(self.label, self.kwargs, item.data_source, item.solution_str,
-                                         item.ground_truth, item.extra_info)
+            call = sample.group_call
+            if call is not None:
+                self._group_requests(call)
+            else:
+                item = sample.item
+                sample.log_key = request_key(item.data_source, item.solution_str, item.ground_truth, item.extra_info)
         return sample.log_key
+
+    @staticmethod
+    def _group_requests(call: GroupCall) -> list[str]:
+        own = [request_key(m.item.data_source, m.item.solution_str, m.item.ground_truth, m.item.extra_info)
+               for m in call.members]
+        keys = group_request_keys(own)
+        for member, key in zip(call.members, keys):
+            member.log_key = key
+        return keys
 
     def answer_from_log(self, samples: list, settle: Callable[[object, Outcome], None]) -> list:
         """The samples still to send; the others are settled from the log (on the next loop turn,
@@ -46,20 +78,36 @@ class VerdictBook:
             return samples
         to_send = []
         for sample in samples:
-            answer = self.answers.get(self.key(sample))
+            if sample.__class__ is GroupCall:
+                answers = [self.answers.get(key) for key in self._group_requests(sample)]
+                if None in answers:  # the judge must see the whole group again
+                    to_send.append(sample)
+                    continue
+                sample.state, sample.settled = DONE, True  # the call itself is never sent
+                for member, answer in zip(sample.members, answers):
+                    self._answer(member, answer, settle)
+                continue
+            answer = self.answers.get(self.request(sample))
             if answer is None:
                 to_send.append(sample)
                 continue
-            self.resumed += 1
-            sample.state = DONE  # never sent
-            self.loop.call_soon(settle, sample, Scored(answer.score, dict(answer.extra), answer.attempts, cached=True))
+            self._answer(sample, answer, settle)
         return to_send
+
+    def _answer(self, sample, answer, settle) -> None:
+        if sample.settled:  # a group member the deadline settled already
+            return
+        self.resumed += 1
+        sample.state = DONE  # never sent
+        self.loop.call_soon(settle, sample, Scored(answer.score, dict(answer.extra), answer.attempts, cached=True))
 
     def failed_writes(self) -> str | None:
         error = self.writer.error
         return None if error is None else f"the verdict log {self.writer.path} cannot be written: {error}"
 
-    def record(self, sample, outcome: Outcome, latency: float, ticket: str | None, uid, now: float) -> None:
+    def record(self, sample, outcome: Outcome, latency: float, ticket: str | None, uid, now: float, sample_id: str,
+               stage: str | None = None) -> None:
+        """``stage="hook"``: the group hook failed ``sample`` after it was logged (``outcome`` is that failure)."""
         if isinstance(outcome, Scored):
             if outcome.cached:  # answered from the log or the cache: nothing new to keep
                 return
@@ -71,13 +119,17 @@ class VerdictBook:
             tokens_in = tokens_out = None
             record = {"score": None, "extra": {}, "verdict": None, "failure": outcome.kind, "error": outcome.message}
         cost = None if tokens_in is None else self.prices.approx_cost(tokens_in, tokens_out or 0)
+        request = self.request(sample)
         record.update({
-            "v": VERSION, "key": self.key(sample), "t": time.time(), "ticket": ticket, "index": sample.item.index,
+            "v": VERSION, "key": verdict_key(self.reward_id, request), "reward": self.reward_id, "request": request,
+            "sample": sample_id, "t": time.time(), "ticket": ticket, "index": sample.item.index,
             "uid": uid, "latency_s": latency, "attempts": outcome.attempts,
             # the last attempt's own time (sent -> answered), apart from time spent queued or retrying
-            "request_s": None if sample.attempt is None else now - sample.attempt.sent_at,
+            "request_s": None if stage is not None or sample.attempt is None else now - sample.attempt.sent_at,
             "input_tokens": tokens_in, "output_tokens": tokens_out, "cost": cost,
         })
+        if stage is not None:
+            record["stage"] = stage
         self.writer.append(record)
 
     def close(self) -> None:
