@@ -141,7 +141,7 @@ def verl_rate_limited(reward, items, group_size, cap, chunk, tokenizer) -> Timin
     from omegaconf import DictConfig
 
     from verl.experimental.reward_loop.reward_manager.limited import RateLimitedRewardManager
-    from tests.test_verl_integration import make_batch
+    from tests.seam.test_verl_integration import make_batch
 
     latencies = [it["extra_info"].get("latency", 0.0) for it in items]
     data, _ = make_batch(tokenizer, ["x"] * len(items), ["x"] * len(items), [str(it["uid"]) for it in items])

@@ -12,7 +12,7 @@
    and how soon after it the agent is back at its full cap.
 Prints the figures and writes bench/results/backpressure.json:
     python bench/backpressure.py [--quick]
-The test suite runs the same functions, smaller (tests/test_rate_limited_judge.py).
+The test suite runs the same functions, smaller (tests/agent/test_rate_limited_judge.py).
 """
 
 from __future__ import annotations

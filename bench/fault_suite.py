@@ -12,7 +12,7 @@ Judge-operations faults, each written to its own bench/results/fault_suite_<name
   once and right, no group the log held judged again, no run hung.
 
     python bench/fault_suite.py [--fault all|agent|verdict-log-resume] [--samples N] [--quick]
-The test suite runs the same functions and asserts on the figures (tests/test_fault_suite.py).
+The test suite runs the same functions and asserts on the figures (tests/judge_ops/test_fault_suite.py).
 """
 
 from __future__ import annotations

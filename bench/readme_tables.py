@@ -3,7 +3,7 @@
     python bench/readme_tables.py                 # print every table; redraw bench/results/e2e_timeline.png
     python bench/readme_tables.py --write-readme  # the same, and replace the e2e blocks in README.md
 
-tests/test_e2e_report.py checks that the README quotes every table verbatim, so a regenerated result
+tests/benchmarks/test_e2e_report.py checks that the README quotes every table verbatim, so a regenerated result
 whose tables were not pasted (or written) fails the quick loop.
 """
 

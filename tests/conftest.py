@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
-REWARDS = Path(__file__).resolve().parent / "rewards"
+HELPERS = Path(__file__).resolve().parent / "helpers"  # what the tests run: rewards, agent loops, fake jobs
+REWARDS = HELPERS / "rewards"
 
 
 @pytest.fixture(scope="session")
@@ -32,14 +33,33 @@ def gsm8k_path() -> Path:
     return GSM8K_TEST
 
 
+# Every test is in exactly one tier (pyproject.toml's markers): what it may start decides it.
+TIERS = ("quick", "local", "ray", "trainer")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests that read ../shared are marked ``shared_data`` and may not be ``quick``: the inner loop
-    must run anywhere, while the suite (CI) fails, never skips, without the data."""
+    """Every test in exactly one tier. Tests that read ../shared are marked ``shared_data`` and may not be
+    ``quick``: the inner loop must run anywhere, while the suite (CI) fails, never skips, without the data."""
+    problems = []
     for item in items:
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(tiers) != 1:
+            problems.append(f"{item.nodeid}: tiers {tiers or 'none'} (give it exactly one of {TIERS})")
         if "gsm8k_path" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.shared_data)
             if item.get_closest_marker("quick"):
                 raise pytest.UsageError(f"{item.nodeid} reads ../shared, so it cannot be marked quick")
+    if problems:
+        raise pytest.UsageError("tests outside the tiers:\n  " + "\n  ".join(problems))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """``-m quick`` does not even import a test file with no quick test in it: most of those import verl or
+    torch at their top (seconds per process), which the inner loop must not pay."""
+    if config.option.markexpr.strip() == "quick" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and "mark.quick" not in collection_path.read_text():
+        return True
+    return None
 
 
 # The inner loop (`pytest -m quick`) runs on QUICK_WORKERS processes (pytest-xdist) unless the

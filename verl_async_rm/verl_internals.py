@@ -1,7 +1,7 @@
 """Every verl 0.9.1 internal this package touches that is not a documented, stable API: private
 methods and attributes of verl's trainers and workers we call or override, module globals we patch
 or register into, helpers whose signature we rely on. One list, checked against the installed verl
-(presence, and the parameters we pass or override) by ``tests/test_verl_internals.py`` and by
+(presence, and the parameters we pass or override) by ``tests/seam/test_verl_internals.py`` and by
 :func:`require_all` when a run starts (the trainer strategies' trainers, the ``async_agent`` manager,
 the group-size agent-loop managers), so a verl patch release that moved one is refused at start, by
 name, not hours in at first use.
@@ -116,7 +116,7 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     ("verl.trainer.ppo.core_algos", "agg_loss",
      ("loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size"),
      "masking.py: token modes divide by the mask's tokens, seq-mean modes by global_batch_size"),
-    ("verl.workers.utils.losses", "ppo_loss", ("config", "model_output", "data"), "masking.py, tests/test_masking_verl.py"),
+    ("verl.workers.utils.losses", "ppo_loss", ("config", "model_output", "data"), "masking.py, tests/seam/test_masking_verl.py"),
     ("verl.workers.utils.losses", "value_loss", ("config", "model_output", "data"), "masking.py: the critic's loss, same mask"),
     ("verl.workers.utils.padding", "left_right_2_no_padding", ("data",), "masking.py: v0's loss_mask is its response_mask"),
     (V1_TRAINER, "PPOTrainer._log_rollout_data", ("self", "batch", "timing_raw", "rollout_data_dir"), "v1.py overrides it (mask columns)"),

@@ -1,5 +1,5 @@
 """Tail-tolerant steps with bounded staleness: which scored groups a step trains on. Pure (no verl,
-no Ray, no clock of its own), so the rules are tested fast and exhaustively (tests/test_pool.py).
+no Ray, no clock of its own), so the rules are tested fast and exhaustively (tests/strategies/test_pool.py).
 
 The pool holds the groups of every batch generated so far and not yet trained on. Each group is
 *born* at the step whose batch it belongs to (batch b is generated for step b, with the weights of
@@ -225,7 +225,7 @@ def supply_lookahead(rule_steps: int, ahead: int, max_staleness: int) -> int:
     Supply batches are born at the latest step generated for, L = this step + ``ahead``; a group born
     at L must be trained by step L + ``max_staleness``, so the steps from this one to then train
     ``ahead + max_staleness + 1`` steps' worth of groups: a pool filled for more holds groups that
-    can never be trained in time, and with every score in they are dropped (tests/test_pool.py; the
+    can never be trained in time, and with every score in they are dropped (tests/strategies/test_pool.py; the
     3-seed heavy-tail benchmark before this cap, bench/results/e2e.json at 06e6690, dropped 8-10
     groups a run at lookahead 4 with max_staleness 2). In a scratch discrete-event model of the pool
     (lognormal latency, p99 of 2.5 and 5 step computes) a deeper supply was also slower in every

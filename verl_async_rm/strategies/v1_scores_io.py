@@ -14,7 +14,7 @@ How: for the call's duration verl's module global ``tq`` (``verl.trainer.ppo.v1.
 listed in verl_internals.py) is a proxy that forwards everything to TransferQueue but these two
 calls made on the calling thread (another thread's go through untouched). If verl's method no
 longer reads ``rm_scores`` or no longer writes its rows once, the proxy raises rather than leave a
-row without its score (tests/test_v1_scores_io.py runs verl's method against the plain path).
+row without its score (tests/seam/test_v1_scores_io.py runs verl's method against the plain path).
 """
 
 from __future__ import annotations

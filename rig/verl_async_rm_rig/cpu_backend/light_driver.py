@@ -12,7 +12,7 @@ It also builds the run's model and data when asked (``CPURunConfig.assets_dir``,
 
 Only on machines without accelerators, which is where the CPU backend runs: verl's runtime-env rules
 that depend on the GPU (Hopper/Ampere with Megatron, ROCm, GB200) cannot apply there, and the torch
-profiler's variant is refused. ``tests/test_light_driver.py`` checks the kwargs and the runner class
+profiler's variant is refused. ``tests/rig/test_light_driver.py`` checks the kwargs and the runner class
 against what verl's own driver passes, for v0 and v1, stock and strategy runs. Opt in with
 ``CPURunConfig.light_driver`` (the demo does).
 """
@@ -29,7 +29,7 @@ from typing import Any, MutableMapping
 from omegaconf import DictConfig, OmegaConf
 
 # verl.trainer.constants_ppo.PPO_RAY_RUNTIME_ENV["env_vars"] on a machine without GPUs (its GB200 and
-# ROCm additions are empty there). Checked equal to verl's in tests/test_light_driver.py.
+# ROCm additions are empty there). Checked equal to verl's in tests/rig/test_light_driver.py.
 PPO_ENV_VARS = {
     "TOKENIZERS_PARALLELISM": "true",
     "NCCL_DEBUG": "WARN",
@@ -50,7 +50,7 @@ def verl_config_searchpath() -> str:
     """Hydra override pointing our config at verl's config directory as files. Our configs name it
     ``pkg://verl.trainer.config``, which hydra resolves by importing ``verl`` (whose ``__init__`` imports
     torch, transformers and tensordict); ``find_spec`` of the top-level package locates it unimported.
-    The config composed is the same (tests/test_light_driver.py)."""
+    The config composed is the same (tests/rig/test_light_driver.py)."""
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("verl is not installed")

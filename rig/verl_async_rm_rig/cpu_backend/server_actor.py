@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 # server.HFCPUServer's public methods (all coroutines): what verl and the adapter call on the
-# server's handle (tests/test_cpu_router.py checks the list against the class).
+# server's handle (tests/rig/test_cpu_router.py checks the list against the class).
 METHODS = ("generate", "update_weights", "set_global_steps", "get_state", "wake_up", "sleep", "clear_kv_cache",
            "release_kv_cache", "resume_kv_cache", "wait_for_requests_to_drain", "abort_all_requests",
            "abort_request", "resume_generation", "start_profile", "stop_profile")

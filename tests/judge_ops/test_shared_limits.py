@@ -1,0 +1,141 @@
+"""Shared limits on the session's Ray (one process, several agents = several jobs as the limiter sees
+them): the cap holds for them together, a 429 back-off reaches every job, a crashed job's lease is
+reclaimed, conflicting limits fail at build, and without the setting nothing changes (no actor).
+The two-driver, two-raylet version is tests/judge_ops/test_shared_limits_cluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from verl_async_rm import RewardAgent
+from verl_async_rm.lease_table import LimitsConflict
+from verl_async_rm.shared_limits import ACTOR_PREFIX, limiter_actor
+
+pytestmark = pytest.mark.ray
+
+
+class Throttled(Exception):
+    def __init__(self, retry_after):
+        super().__init__("HTTP 429")
+        self.status_code = 429
+        self.headers = {"retry-after": str(retry_after)}
+
+
+class Service:
+    """One endpoint, seen from the server side: how many calls at once, and when each came."""
+
+    def __init__(self, latency=0.05):
+        self.latency, self.now, self.peak, self.calls = latency, 0, 0, []
+
+    def reward(self, name, throttle_first=None):
+        async def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            self.calls.append((name, time.monotonic()))
+            if throttle_first is not None and sum(1 for n, _ in self.calls if n == name) == 1:
+                raise Throttled(throttle_first)
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            try:
+                await asyncio.sleep(self.latency)
+            finally:
+                self.now -= 1
+            return 1.0
+
+        return compute_score
+
+
+def shared(endpoint, **more):
+    return {"max_concurrency": 4, "shared_limits": {"endpoint": endpoint, **more}}
+
+
+def test_two_jobs_hold_the_cap_together(ray_session):
+    service = Service()
+    config = shared("t-cap")
+    with RewardAgent(service.reward("a"), config) as a, RewardAgent(service.reward("b"), config) as b:
+        ta, tb = a.submit([{"solution_str": "x"}] * 100), b.submit([{"solution_str": "x"}] * 100)
+        assert a.get_all(ta).scores == [1.0] * 100 and b.get_all(tb).scores == [1.0] * 100
+    assert service.peak == 4  # alone, each would reach 4: together 8
+    names = [n for n, _ in service.calls]
+    assert abs(names[:100].count("a") - names[:100].count("b")) < 50  # both progressed together
+
+
+def test_a_429_back_off_reaches_every_job(ray_session):
+    """Job a's first call gets 429 + Retry-After 2 s: a pauses, and job b, which was never refused,
+    pauses too (within a heartbeat), until the endpoint's pause ends."""
+    service = Service(latency=0.02)
+    config = {"max_concurrency": 2, "backoff_max": 5, "shared_limits": {"endpoint": "t-backoff", "heartbeat_s": 0.1}}
+    with RewardAgent(service.reward("a", throttle_first=2.0), config) as a, RewardAgent(service.reward("b"), config) as b:
+        tb = b.submit([{"solution_str": "x"}] * 400)
+        time.sleep(0.3)
+        ta = a.submit([{"solution_str": "x"}] * 5)
+        a.get_all(ta), b.get_all(tb)
+    refused = next(t for n, t in service.calls if n == "a")
+    b_during = [t - refused for n, t in service.calls if n == "b" and refused + 0.5 < t < refused + 1.9]
+    b_after = [t for n, t in service.calls if n == "b" and t > refused + 2.0]
+    assert b_during == [] and b_after  # b paused in the endpoint's back-off, then went on
+
+
+def test_a_crashed_jobs_lease_is_reclaimed(ray_session):
+    """A job that took the whole cap and stopped heartbeating (crashed): after lease_ttl the next
+    job gets the cap and scores everything."""
+    import ray
+
+    actor = limiter_actor("t-crash", "verl_async_rm", 1.0, 2.0, 0.5)
+    ray.get(actor.register.remote("ghost", {"max_concurrency": 4, "requests_per_minute": None, "tokens_per_minute": None}))
+    assert ray.get(actor.heartbeat.remote("ghost", demand=100, in_use=0, applied=-1))["slots"] == 4
+    service = Service()
+    start = time.monotonic()
+    with RewardAgent(service.reward("a"), shared("t-crash", lease_ttl=1.0)) as agent:
+        assert agent.metrics()["shared_slots"] == 0  # the ghost holds everything
+        assert agent.get_all(agent.submit([{"solution_str": "x"}] * 20)).scores == [1.0] * 20
+    assert time.monotonic() - start >= 0.9 and service.peak == 4
+    assert ray.get(actor.snapshot.remote())["reclaimed"] == 1
+
+
+def test_conflicting_limits_fail_at_build(ray_session):
+    service = Service()
+    with RewardAgent(service.reward("a"), shared("t-conflict")):
+        with pytest.raises(LimitsConflict, match=r"'t-conflict'.*this job declares max_concurrency=8.*max_concurrency=4"):
+            RewardAgent(service.reward("b"), {"max_concurrency": 8, "shared_limits": {"endpoint": "t-conflict"}})
+
+
+def test_without_the_setting_no_limiter_and_no_lease(ray_session):
+    import ray
+
+    before = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    with RewardAgent(Service().reward("a"), {"max_concurrency": 4}) as agent:
+        assert agent._engine.shared is None and agent._engine.pipeline.cap == 4
+        agent.get_all(agent.submit([{"solution_str": "x"}] * 10))
+        assert "shared_slots" not in agent.metrics()
+    after = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert not {n for n in after - before if n.startswith(ACTOR_PREFIX)}
+
+
+
+def test_two_agent_actors_share_the_limit_as_training_uses_them(ray_session):
+    """The path verl's reward workers use: the agent as a named async Ray actor, one per job, the
+    engine built on the actor's loop; two such actors with shared limits hold the cap together, as
+    the loopback judge counts it."""
+    import ray
+
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
+    from verl_async_rm.loader import RewardSpec
+    from verl_async_rm.ray_agent import get_or_create_agent_actor
+
+    config = {"max_concurrency": 3, "shared_limits": {"endpoint": "t-actors"}}
+    with JudgeServer(JudgeServerConfig(latency=0.1)) as server:
+        spec = RewardSpec("pkg://verl_async_rm.user_rewards.llm_judge", "JudgeReward",
+                          {"base_url": server.base_url, "model": "judge-stub"})
+        actors = [get_or_create_agent_actor(spec, config, name=f"agent-shared-{i}") for i in range(2)]
+        try:
+            batch = [{"solution_str": "it is 1", "ground_truth": 1, "uid": i} for i in range(40)]
+            tickets = ray.get([actor.submit.remote(batch, 1) for actor in actors])
+            chunks = ray.get([actor.get.remote(ticket) for actor, ticket in zip(actors, tickets)], timeout=120)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        stats = server.stats()
+    assert [chunk.scores for chunk in chunks] == [[1.0] * 40] * 2
+    assert stats.requests == 80 and stats.peak_in_flight == 3  # alone, each actor would reach 3
