@@ -61,7 +61,9 @@ def request_key(reward_label: str, reward_kwargs: Mapping, data_source: Any, sol
     request wherever it sits in a batch."""
     kwargs = {k: v for k, v in dict(reward_kwargs).items() if k not in UNHASHED_KWARGS}
     text = dumps([reward_label, kwargs, data_source, solution_str, ground_truth, extra_info])
-    return hashlib.sha256(text.encode()).hexdigest()
+    # surrogatepass: a lone surrogate (a sample refused as ``invalid``) must still get a key to be
+    # logged under; valid text encodes to the same bytes either way, so no key changes.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def verdict_text(extra: Mapping) -> str | None:
