@@ -22,6 +22,7 @@ import threading
 import warnings
 from typing import Any, Callable, Hashable, Iterable, Mapping
 
+from verl_async_rm import log_redaction
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.core import ScoringEngine
 from verl_async_rm.engine.ledger import assemble_chunk
@@ -123,6 +124,8 @@ class AsyncRewardAgent:
     ):
         self.reward, self.config = _prepare(reward, config, reward_kwargs, token_estimator)
         self.engine = ScoringEngine(self.reward, self.config, loop=asyncio.get_running_loop(), token_estimator=token_estimator)
+        log_redaction.acquire()  # credentials in a judge's base_url stay out of httpx's logs while it runs
+        self._redacting = True
 
     def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
         return self.engine.submit(as_batch(items), group_size)
@@ -158,6 +161,9 @@ class AsyncRewardAgent:
         return self.engine.snapshot()
 
     async def aclose(self, timeout: float = 10.0) -> None:
+        if self._redacting:
+            self._redacting = False
+            log_redaction.release()
         stuck = await self.engine.aclose(timeout)
         if stuck:
             warnings.warn(f"{stuck} reward calls ignored their cancellation and were left running", RuntimeWarning, stacklevel=2)
@@ -224,6 +230,7 @@ class RewardAgent:
         self._thread.start()
         self._lock = threading.Lock()
         self._closed = False
+        log_redaction.acquire()  # credentials in a judge's base_url stay out of httpx's logs while it runs
 
     @classmethod
     def from_file(
@@ -333,6 +340,7 @@ class RewardAgent:
             if self._closed:
                 return
             self._closed = True
+        log_redaction.release()
         problems = []
         if self._loop.is_running():
             future = asyncio.run_coroutine_threadsafe(self._engine.aclose(min(10.0, timeout)), self._loop)
