@@ -1,5 +1,6 @@
-"""``verl-async-rm score`` and ``log`` on bad input (issue 45, items 6, 10, 13): a clear ``error:``
-naming the argument, exit 2, no traceback; nothing paid for before the run can keep what it pays for.
+"""``verl-async-rm score`` and ``log`` on bad input and when stopped (issue 45, items 6, 10, 13, 15):
+a clear ``error:`` naming the argument, exit 2, no traceback; nothing paid for before the run can
+keep what it pays for; an interrupted run writes what it scored and nothing that looks scored.
 
 In process (``cli.main``) with a counting reward file written per test: it appends one line per
 call, so "no request was made" is a count, not an absence of evidence.
@@ -8,6 +9,7 @@ call, so "no request was made" is a count, not an absence of evidence.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,50 @@ def test_some_rows_without_a_reference_are_counted(tmp_path, capsys):
     run = Run(tmp_path, rows)
     assert main(run.score()) == 0
     assert "warning: 1 of 4 rows have no 'ground_truth' field" in capsys.readouterr().err
+
+
+# -- item 15: interrupted runs keep only what was scored; SIGTERM as Ctrl-C; broken reward files ---------
+class _Terminated(Exception):
+    """What SIGTERM raises here if the CLI installs no handler of its own (the old code): the test
+    fails on it instead of the test process being killed."""
+
+
+@pytest.mark.quick
+def test_sigterm_writes_only_the_groups_scored_and_exits_143(tmp_path, capsys):
+    run = Run(tmp_path, make_rows(10, 4), group_size=4)
+    out = tmp_path / "out.jsonl"
+
+    def guard(signum, frame):
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, guard)
+    try:
+        code = main(run.score("--set", "max_concurrency=1", "--kwarg", "terminate_at=13",
+                              "--output", str(out)))
+        assert signal.getsignal(signal.SIGTERM) is guard  # the CLI's own handler is gone again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert code == 143, err
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(row["score"] is not None for row in written)  # no row that merely looks unscored
+    assert len(written) < 40 and len(written) % 4 == 0
+    by_group: dict[str, list[float]] = {}
+    for row in written:
+        by_group.setdefault(row["uid"], []).append(row["score"])
+    assert all(scores == [1.0, 0.0, 1.0, 0.0] for scores in by_group.values())  # whole groups, right scores
+    assert f"error: SIGTERM: interrupted: {len(written)} of 40 scores kept; the output holds only the {len(written)} rows scored" in err
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("source, named", [
+    ("import math\nx = 1\nraise RuntimeError('no judge configured')\n", "RuntimeError: no judge configured (at broken.py:3)"),
+    ("def compute_score(:\n", "SyntaxError: invalid syntax (broken.py, line 1)"),
+    ("import a_module_that_is_not_installed_xyz\n", "ModuleNotFoundError: No module named 'a_module_that_is_not_installed_xyz' (at broken.py:1)"),
+])
+def test_a_reward_file_that_fails_at_import_is_an_error_exit_2(run, capsys, source, named):
+    broken = run.dir / "broken.py"
+    broken.write_text(source)
+    code = main(["score", "--input", str(run.input), "--reward-file", str(broken)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: reward file {broken} failed to import: {named}" in err, err

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,42 @@ def _int_at_least(text: str, least: int, what: str) -> int:
 
 EXIT_SCORING_STOPPED = 3  # (2: bad arguments or input)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+
+class _Stop:
+    """Which signal stopped the run: the exit status is 128 + its number, as shells report it."""
+
+    def __init__(self) -> None:
+        self.signum: int = signal.SIGINT
+        self.terminated = False
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[_Stop]:
+    """SIGTERM (what schedulers, ``kill`` and ``timeout`` send) stops the run as Ctrl-C does: the
+    groups scored so far are written and the run says so. Only the first SIGTERM interrupts: the
+    ones after it would cut the writing of what was kept. A SIGTERM ignored by whoever started us
+    (``nohup``-style) stays ignored."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield stop
+        return
+
+    def on_terminate(signum, frame) -> None:
+        if stop.terminated:
+            return
+        stop.signum, stop.terminated = signum, True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_outputs(args, verdict_log: Path | None) -> None:
@@ -116,29 +156,36 @@ def cmd_score(args) -> int:
         warnings_given.append(message)
         print(f"warning: {message}", file=sys.stderr)
 
-    summary = score_file(
-        Path(args.input),
-        args.reward_file,
-        args.reward_name,
-        group_size=args.group_size,
-        config=dict(args.set),
-        reward_kwargs=dict(args.kwarg),
-        output_path=Path(args.output) if args.output else None,
-        response_key=args.response_key,
-        ground_truth_key=args.ground_truth_key,
-        verdict_log=verdict_log,
-        resume=args.resume,
-        warn=warn,
-    )
-    print("summary:")
-    _print_summary(summary)
-    if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
-    for message in warnings_given:  # again, below the summary: it is what explains a mean of 0
-        print(f"warning: {message}", file=sys.stderr)
-    if summary.get("interrupted"):
-        print(f"error: {summary['error']}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    with _terminate_as_interrupt() as stop:
+        try:
+            summary = score_file(
+                Path(args.input),
+                args.reward_file,
+                args.reward_name,
+                group_size=args.group_size,
+                config=dict(args.set),
+                reward_kwargs=dict(args.kwarg),
+                output_path=Path(args.output) if args.output else None,
+                response_key=args.response_key,
+                ground_truth_key=args.ground_truth_key,
+                verdict_log=verdict_log,
+                resume=args.resume,
+                warn=warn,
+            )
+        except KeyboardInterrupt:  # while the reward loaded, or the run closed: no summary to give
+            print("error: interrupted outside scoring (while starting or closing): no complete output was written"
+                  + (f"; every settled verdict is in {verdict_log}: rerun with --resume" if verdict_log else ""),
+                  file=sys.stderr)
+            return stop.exit_status
+        print("summary:")
+        _print_summary(summary)
+        if args.summary_json:
+            Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+        for message in warnings_given:  # again, below the summary: it is what explains a mean of 0
+            print(f"warning: {message}", file=sys.stderr)
+        if summary.get("interrupted"):
+            print(("error: SIGTERM: " if stop.terminated else "error: ") + summary["error"], file=sys.stderr)
+            return stop.exit_status
     if "error" in summary:
         print(f"error: scoring stopped: {summary['error']}", file=sys.stderr)
         return EXIT_SCORING_STOPPED
@@ -247,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ValueError, OSError, AttributeError, TypeError, ImportError) as exc:  # OSError: FileNotFoundError, IsADirectoryError, ...
         print(f"error: {exc}", file=sys.stderr)
         return 2

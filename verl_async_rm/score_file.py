@@ -115,11 +115,12 @@ def score_file(
 ) -> dict:
     """Score every row; returns the summary. If scoring stops (``RewardError``: the failure budget,
     the ``raise`` policy, the judge budget) or is interrupted (Ctrl-C: ``interrupted`` in the
-    summary), the summary says why under ``error``, and the output still holds every score computed
-    until then (the others are null). ``verdict_log``: every settled sample is appended there as it
-    settles (a kill loses nothing settled); ``resume``: samples already scored in it are answered
-    from it, not sent again, so a rerun completes an interrupted one. ``warn``: told about rows
-    without a reference (default: ``warnings.warn``)."""
+    summary), the summary says why under ``error``, and the output holds the rows of the groups
+    scored until then, and only those (a row with a null score would read as scored by a reader
+    that skips nulls). ``verdict_log``: every settled sample is appended there as it settles (a
+    kill loses nothing settled); ``resume``: samples already scored in it are answered from it,
+    not sent again, so a rerun completes an interrupted one. ``warn``: told about rows without a
+    reference (default: ``warnings.warn``)."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     rows, items = read_items(Path(input_path), response_key, ground_truth_key)
@@ -153,11 +154,12 @@ def score_file(
             except KeyboardInterrupt:  # keep every score computed; closing the agent flushes the log
                 interrupted = True
         metrics = agent.metrics()
-    wall = time.perf_counter() - start
-    if output_path is not None:
-        with Path(output_path).open("w") as f:
-            for row, score, extra in zip(rows, scores, extras):
-                f.write(json.dumps({**row, "score": score, "reward_extra_info": extra}, default=str) + "\n")
+        wall = time.perf_counter() - start
+        if output_path is not None:  # before closing: a second Ctrl-C while the agent closes loses no scores
+            with Path(output_path).open("w") as f:
+                for row, score, extra in zip(rows, scores, extras):
+                    if score is not None:  # groups are handed over whole: these are whole groups
+                        f.write(json.dumps({**row, "score": score, "reward_extra_info": extra}, default=str) + "\n")
     values = np.array([s for s in scores if s is not None], dtype=float)
     failures = [extra["reward_error"] for extra in extras if extra.get("reward_failed")]
     summary = {
@@ -186,10 +188,12 @@ def score_file(
     if verdict_log is not None:
         summary["resumed"] = metrics["resumed"]
         summary["verdict_log"] = str(verdict_log)
+    kept = (f"; the output holds only the {summary['scored']} rows scored" if output_path is not None
+            and summary["scored"] < len(items) else "")
     if error is not None:
-        summary["error"] = f"{type(error).__name__}: {error}"
+        summary["error"] = f"{type(error).__name__}: {error}{kept}"
     if interrupted:
         summary["interrupted"] = True
-        summary["error"] = (f"interrupted: {summary['scored']} of {len(items)} scores kept"
+        summary["error"] = (f"interrupted: {summary['scored']} of {len(items)} scores kept{kept}"
                             + (f"; rerun with --resume to complete (verdict log {verdict_log})" if verdict_log else ""))
     return summary
