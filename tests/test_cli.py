@@ -244,3 +244,36 @@ def test_a_reward_file_that_fails_at_import_is_an_error_exit_2(run, capsys, sour
     code = main(["score", "--input", str(run.input), "--reward-file", str(broken)])
     err = capsys.readouterr().err
     assert code == 2 and f"error: reward file {broken} failed to import: {named}" in err, err
+
+
+@pytest.mark.quick
+def test_ctrl_c_while_the_agent_closes_loses_no_score(tmp_path):
+    """A second Ctrl-C while the agent closes (close waits for stuck calls, up to its timeout):
+    the output is written before the close, and the summary still comes back."""
+    from verl_async_rm.score_file import score_file
+
+    reward = tmp_path / "closing.py"
+    reward.write_text(
+        "import os, signal\n"
+        "class Reward:\n"
+        "    def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):\n"
+        "        return 1.0\n"
+        "    def close(self):  # runs on the agent's loop while the caller waits in close()\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+    )
+    rows = make_rows(3, 2)
+    write_rows(tmp_path / "in.jsonl", rows)
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, ctrl_c)
+    try:
+        summary = score_file(tmp_path / "in.jsonl", str(reward), "Reward", group_size=2,
+                             output_path=tmp_path / "out.jsonl", progress=False)
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole pytest session
+        pytest.fail("the Ctrl-C during close escaped score_file: no summary")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert summary["interrupted"] and summary["scored"] == 6 and [r["score"] for r in written] == [1.0] * 6

@@ -172,8 +172,8 @@ def cmd_score(args) -> int:
                 resume=args.resume,
                 warn=warn,
             )
-        except KeyboardInterrupt:  # while the reward loaded, or the run closed: no summary to give
-            print("error: interrupted outside scoring (while starting or closing): no complete output was written"
+        except KeyboardInterrupt:  # while the reward loaded, or the output was being written: no summary
+            print("error: interrupted before the output was complete"
                   + (f"; every settled verdict is in {verdict_log}: rerun with --resume" if verdict_log else ""),
                   file=sys.stderr)
             return stop.exit_status

@@ -140,7 +140,8 @@ def score_file(
     error: RewardError | None = None
     interrupted = False
     start = time.perf_counter()
-    with RewardAgent.from_file(reward_path, reward_name, config, reward_kwargs=reward_kwargs) as agent:
+    agent = RewardAgent.from_file(reward_path, reward_name, config, reward_kwargs=reward_kwargs)
+    try:
         ticket = agent.submit(items, group_size)
         with tqdm(total=len(items), unit="sample", desc="scoring", disable=not progress) as bar:
             try:
@@ -160,6 +161,11 @@ def score_file(
                 for row, score, extra in zip(rows, scores, extras):
                     if score is not None:  # groups are handed over whole: these are whole groups
                         f.write(json.dumps({**row, "score": score, "reward_extra_info": extra}, default=str) + "\n")
+    finally:
+        try:
+            agent.close()
+        except KeyboardInterrupt:  # pressed again while the agent closes: what was kept is written already
+            interrupted = True
     values = np.array([s for s in scores if s is not None], dtype=float)
     failures = [extra["reward_error"] for extra in extras if extra.get("reward_failed")]
     summary = {
