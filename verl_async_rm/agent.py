@@ -17,10 +17,12 @@ interrupted consumes nothing; groups handed over at that very moment are put bac
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 import warnings
 from typing import Any, Callable, Hashable, Iterable, Mapping
 
+from verl_async_rm import log_redaction
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.core import ScoringEngine
 from verl_async_rm.engine.ledger import assemble_chunk
@@ -31,13 +33,27 @@ _ITEM_FIELDS = ("solution_str", "ground_truth", "data_source", "extra_info", "ui
 _ITEM_KEYS = frozenset(_ITEM_FIELDS)
 
 
+_PLAIN_UIDS = (str, int, type(None))
+
+
+def check_uid(uid: Any, where: str) -> None:
+    """A uid names its group (a dict key): a list, dict or set cannot, and would fail deep in the
+    engine as a bare ``unhashable type``."""
+    try:
+        hash(uid)
+    except TypeError:
+        raise ValueError(f"{where} has a uid of type {type(uid).__name__} ({uid!r:.80}): a uid names its group "
+                         "and must be hashable (a string or a number)") from None
+
+
 def as_item(raw: RewardItem | Mapping, position: int) -> RewardItem:
     if type(raw) is dict and raw.keys() <= _ITEM_KEYS:  # the common case, checked without ABCs
-        text, index, extra = raw.get("solution_str"), raw.get("index", position), raw.get("extra_info")
-        if type(text) is str and type(index) is int and (extra is None or type(extra) is dict):
+        text, index, extra, uid = raw.get("solution_str"), raw.get("index", position), raw.get("extra_info"), raw.get("uid")
+        if type(text) is str and type(index) is int and (extra is None or type(extra) is dict) and type(uid) in _PLAIN_UIDS:
             return RewardItem(index, text, raw.get("ground_truth"), raw.get("data_source") or "",
-                              dict(extra) if extra is not None else None, raw.get("uid"))
+                              dict(extra) if extra is not None else None, uid)
     if isinstance(raw, RewardItem):
+        check_uid(raw.uid, f"batch item {position}")
         return raw
     if not isinstance(raw, Mapping):
         raise TypeError(f"batch item {position} is a {type(raw).__name__}; expected a RewardItem or a mapping")
@@ -52,6 +68,7 @@ def as_item(raw: RewardItem | Mapping, position: int) -> RewardItem:
     extra = raw.get("extra_info")
     if extra is not None and not isinstance(extra, Mapping):
         raise ValueError(f"batch item {position} has extra_info of type {type(extra).__name__}; expected a dict")
+    check_uid(raw.get("uid"), f"batch item {position}")
     return RewardItem(
         index=index,
         solution_str=raw["solution_str"],
@@ -77,7 +94,25 @@ def _prepare(reward: Any, config: AgentConfig | Mapping | None, reward_kwargs: M
     reward = reward if isinstance(reward, UserReward) else wrap_reward(reward, dict(reward_kwargs or {}))
     if config.executor == "process" and reward.score_is_async:
         raise ValueError(f"executor='process' is for sync reward functions; {reward.label} is async")
+    if config.executor == "process" and not reward.is_group_judge:
+        _check_picklable(reward)
     return reward, config
+
+
+def _check_picklable(reward: UserReward) -> None:
+    """With ``executor='process'`` an in-memory reward is pickled into every call (a reward loaded
+    from a file is loaded again by each worker: ``process_worker``). A lambda, a nested function or
+    an instance holding a client cannot be; found here, not as a ``PicklingError`` on every sample."""
+    if reward.spec is not None:
+        return
+    try:
+        pickle.dumps((reward.score_fn, reward.call_kwargs))
+    except Exception as exc:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError, ...
+        raise ValueError(
+            f"executor='process' sends the reward to worker processes, and {reward.label} cannot be pickled "
+            f"({type(exc).__name__}: {exc}): define it at module level (or load it by path: RewardAgent.from_file), "
+            "or use executor='thread'"
+        ) from None
 
 
 class AsyncRewardAgent:
@@ -89,6 +124,8 @@ class AsyncRewardAgent:
     ):
         self.reward, self.config = _prepare(reward, config, reward_kwargs, token_estimator)
         self.engine = ScoringEngine(self.reward, self.config, loop=asyncio.get_running_loop(), token_estimator=token_estimator)
+        log_redaction.acquire()  # credentials in a judge's base_url stay out of httpx's logs while it runs
+        self._redacting = True
 
     def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
         return self.engine.submit(as_batch(items), group_size)
@@ -111,6 +148,7 @@ class AsyncRewardAgent:
     async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
                              group_wait: float | None = None) -> tuple[float, dict]:
         _check_group_size(group_size)
+        check_uid(uid, "score_in_group")
         return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait)
 
     def cancel(self, ticket: str) -> int:
@@ -123,6 +161,9 @@ class AsyncRewardAgent:
         return self.engine.snapshot()
 
     async def aclose(self, timeout: float = 10.0) -> None:
+        if self._redacting:
+            self._redacting = False
+            log_redaction.release()
         stuck = await self.engine.aclose(timeout)
         if stuck:
             warnings.warn(f"{stuck} reward calls ignored their cancellation and were left running", RuntimeWarning, stacklevel=2)
@@ -189,6 +230,7 @@ class RewardAgent:
         self._thread.start()
         self._lock = threading.Lock()
         self._closed = False
+        log_redaction.acquire()  # credentials in a judge's base_url stay out of httpx's logs while it runs
 
     @classmethod
     def from_file(
@@ -220,7 +262,7 @@ class RewardAgent:
         """Block until whole groups of ``ticket`` totalling ``n`` samples are ready (all that remain if
         fewer; all of them if ``n`` is None). A drained ticket gives an empty chunk. ``timeout``:
         ``TimeoutError`` after that many seconds, with nothing consumed."""
-        self._check_caller()
+        self._check_caller("get")
         event = threading.Event()
         hand_over = _HandOver(event.set)
         self._start_take(ticket, n, timeout, hand_over)
@@ -259,6 +301,7 @@ class RewardAgent:
         callers that see one sample at a time, such as verl's ``run_single``. A group that stops
         growing for ``group_wait`` seconds is resolved with the members it has."""
         _check_group_size(group_size)
+        check_uid(uid, "score_in_group")
         item = as_item(item, 0)
         caller_loop = asyncio.get_running_loop()
         answer = caller_loop.create_future()
@@ -297,6 +340,7 @@ class RewardAgent:
             if self._closed:
                 return
             self._closed = True
+        log_redaction.release()
         problems = []
         if self._loop.is_running():
             future = asyncio.run_coroutine_threadsafe(self._engine.aclose(min(10.0, timeout)), self._loop)
@@ -362,9 +406,10 @@ class RewardAgent:
             pass
         return assemble_chunk(hand_over.result)
 
-    def _check_caller(self) -> None:
+    def _check_caller(self, verb: str) -> None:
         if threading.current_thread() is self._thread:
-            raise RuntimeError("get() called from the agent's own loop (e.g. inside a reward function): use aget()")
+            raise RuntimeError(f"{verb}() called from the agent's own loop (inside an async reward or group hook): it would "
+                               "wait for the loop it blocks; use aget()")
 
     def _wait(self, event: threading.Event) -> None:
         """Wait for the engine's answer. The engine always answers (by the caller's timeout at the
@@ -382,8 +427,13 @@ class RewardAgent:
             raise AgentClosed("the reward agent is closed") from None
 
     def _call(self, fn: Callable, *args):
-        """Run ``fn(*args)`` on the engine's loop and return its result (or raise its error)."""
-        self._check_caller()
+        """Run ``fn(*args)`` on the engine's loop and return its result (or raise its error). Called
+        from that loop itself (an async reward calling ``metrics()``), it runs at once: these engine
+        methods do not wait, so there is nothing to hop for, and hopping would wait for ever."""
+        if threading.current_thread() is self._thread:
+            if self._closed or self._loop.is_closed():
+                raise AgentClosed("the reward agent is closed")
+            return fn(*args)
         done = threading.Event()
         box: list = []
 

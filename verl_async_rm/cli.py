@@ -3,28 +3,111 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from verl_async_rm.score_file import score_file
+from verl_async_rm.score_file import check_writable, score_file
 
 
-def _pairs(values: list[str], what: str) -> dict:
-    """``key=value`` pairs; values parsed as YAML scalars (``8`` -> int, ``null`` -> None)."""
-    out = {}
-    for text in values:
-        key, sep, value = text.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--{what} expects key=value, got {text!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+def _key_value(text: str) -> tuple[str, Any]:
+    """An argparse type: ``key=value``, the value parsed as YAML (``8`` -> int, ``null`` -> None).
+    Refused by argparse itself (exit 2, the option named) when malformed."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expects KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not valid YAML ({problem})") from None
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "a non-negative integer")
+
+
+def _int_at_least(text: str, least: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects {what}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expects {what}, got {value}")
+    return value
 
 
 EXIT_SCORING_STOPPED = 3  # (2: bad arguments or input)
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+
+class _Stop:
+    """Which signal stopped the run: the exit status is 128 + its number, as shells report it."""
+
+    def __init__(self) -> None:
+        self.signum: int = signal.SIGINT
+        self.terminated = False
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[_Stop]:
+    """SIGTERM (what schedulers, ``kill`` and ``timeout`` send) stops the run as Ctrl-C does: the
+    groups scored so far are written and the run says so. Only the first SIGTERM interrupts: the
+    ones after it would cut the writing of what was kept. A SIGTERM ignored by whoever started us
+    (``nohup``-style) stays ignored."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield stop
+        return
+
+    def on_terminate(signum, frame) -> None:
+        if stop.terminated:
+            return
+        stop.signum, stop.terminated = signum, True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_outputs(args, verdict_log: Path | None) -> None:
+    """Every path the run writes, checked before the first request is paid for: writable, and no
+    two naming the same file (nor the input)."""
+    named = {"--input": args.input, "--output": args.output, "--summary-json": args.summary_json,
+             "--verdict-log": verdict_log}
+    seen: dict[str, str] = {}
+    for flag, path in named.items():
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not os.path.isfile(real):  # /dev/stdout and the like: nothing to clash with
+            continue
+        if real in seen:
+            raise ValueError(f"{flag} and {seen[real]} name the same file ({path}): name a different one")
+        seen[real] = flag
+    for flag in ("--output", "--summary-json"):
+        path = named[flag]
+        if path is not None:
+            check_writable(Path(path), flag)
 
 
 def _print_summary(summary: dict) -> None:
@@ -60,26 +143,44 @@ def _verdict_log_path(args) -> Path | None:
 
 def cmd_score(args) -> int:
     verdict_log = _verdict_log_path(args)
-    summary = score_file(
-        Path(args.input),
-        args.reward_file,
-        args.reward_name,
-        group_size=args.group_size,
-        config=_pairs(args.set, "set"),
-        reward_kwargs=_pairs(args.kwarg, "kwarg"),
-        output_path=Path(args.output) if args.output else None,
-        response_key=args.response_key,
-        verdict_log=verdict_log,
-        resume=args.resume,
-        accept_reward_change=args.accept_reward_change,
-    )
-    print("summary:")
-    _print_summary(summary)
-    if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2))
-    if summary.get("interrupted"):
-        print(f"error: {summary['error']}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    _check_outputs(args, verdict_log)
+    warnings_given: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings_given.append(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+    with _terminate_as_interrupt() as stop:
+        try:
+            summary = score_file(
+                Path(args.input),
+                args.reward_file,
+                args.reward_name,
+                group_size=args.group_size,
+                config=dict(args.set),
+                reward_kwargs=dict(args.kwarg),
+                output_path=Path(args.output) if args.output else None,
+                response_key=args.response_key,
+                ground_truth_key=args.ground_truth_key,
+                verdict_log=verdict_log,
+                resume=args.resume,
+                accept_reward_change=args.accept_reward_change,
+                warn=warn,
+            )
+        except KeyboardInterrupt:  # while the reward loaded, or the output was being written: no summary
+            print("error: interrupted before the output was complete"
+                  + (f"; every settled verdict is in {verdict_log}: rerun with --resume" if verdict_log else ""),
+                  file=sys.stderr)
+            return stop.exit_status
+        print("summary:")
+        _print_summary(summary)
+        if args.summary_json:
+            Path(args.summary_json).write_text(json.dumps(summary, indent=2))
+        for message in warnings_given:  # again, below the summary: it is what explains a mean of 0
+            print(f"warning: {message}", file=sys.stderr)
+        if summary.get("interrupted"):
+            print(("error: SIGTERM: " if stop.terminated else "error: ") + summary["error"], file=sys.stderr)
+            return stop.exit_status
     if "error" in summary:
         print(f"error: scoring stopped: {summary['error']}", file=sys.stderr)
         return EXIT_SCORING_STOPPED
@@ -90,8 +191,16 @@ def cmd_log(args) -> int:
     from verl_async_rm.verdict_log import read_log
     from verl_async_rm.verdict_report import render, summarize
 
-    result = read_log(args.path)
-    summary = summarize(result.records, slowest=args.slowest)
+    path = Path(args.path)
+    if path.is_dir():
+        logs = sorted(p.name for p in path.glob("*.verdicts.jsonl"))
+        raise ValueError(f"log: {path} is a directory; name a verdict log file"
+                         + (f", e.g. {path / logs[0]}" if logs else " (the default is <output>.verdicts.jsonl)"))
+    result = read_log(path)
+    try:
+        summary = summarize(result.records, slowest=args.slowest)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if args.json:
         print(json.dumps({**summary, "torn_tail": result.torn_tail}, indent=2, default=str))
     else:
@@ -107,10 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--input", required=True, help="JSONL: solution_str, ground_truth, data_source, uid, extra_info")
     score.add_argument("--reward-file", required=True, help="path of the Python file with the reward")
     score.add_argument("--reward-name", default="compute_score", help="function or class in that file")
-    score.add_argument("--group-size", type=int, default=1, help="samples per uid (GRPO group)")
+    score.add_argument("--group-size", type=_positive_int, default=1, help="samples per uid (GRPO group)")
     score.add_argument("--response-key", default="solution_str", help="JSON field holding the response")
-    score.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="agent setting, repeatable")
-    score.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE", help="reward kwarg, repeatable")
+    score.add_argument("--ground-truth-key", default="ground_truth",
+                       help="JSON field holding the reference the reward gets as ground_truth (named: required in every row)")
+    score.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                       help="agent setting (the value read as YAML), repeatable")
+    score.add_argument("--kwarg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                       help="reward kwarg (the value read as YAML), repeatable")
     score.add_argument("--output", help="write each row with its score here (JSONL)")
     score.add_argument("--summary-json", help="write the summary here")
     score.add_argument("--verdict-log", help="append every settled sample here (default: <output>.verdicts.jsonl)")
@@ -124,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     log = sub.add_parser("log", help="read a verdict log: per-step summaries, failure kinds, slowest requests, cost")
     log.add_argument("path")
-    log.add_argument("--slowest", type=int, default=5, help="how many of the slowest requests to show")
+    log.add_argument("--slowest", type=_non_negative_int, default=5, help="how many of the slowest requests to show")
     log.add_argument("--json", action="store_true", help="print the summary as JSON")
     log.set_defaults(func=cmd_log)
 
@@ -135,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, AttributeError, TypeError) as exc:
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, OSError, AttributeError, TypeError, ImportError) as exc:  # OSError: FileNotFoundError, IsADirectoryError, ...
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -118,10 +119,22 @@ def load_module(path: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as exc:
         del sys.modules[module_name]
+        if isinstance(exc, Exception):  # the user's file is broken: say where, not a traceback through importlib
+            raise RewardFunctionError(f"reward file {path} failed to import: {type(exc).__name__}: {exc}"
+                                      f"{_where_in(exc, path)}") from exc
         raise
     return module
+
+
+def _where_in(exc: BaseException, path: str) -> str:
+    """`` (at file.py:12)``: the last line of ``path`` the error passed through (a SyntaxError
+    names its line itself)."""
+    if isinstance(exc, SyntaxError):
+        return ""
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == path]
+    return f" (at {os.path.basename(path)}:{lines[-1]})" if lines else ""
 
 
 def _find(spec: RewardSpec) -> Any:

@@ -82,7 +82,9 @@ def dumps(value: Any) -> str:
 
 
 def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    # surrogatepass: a lone surrogate (a sample refused as ``invalid``) must still get a key to be
+    # logged under; valid text encodes to the same bytes either way, so no key changes.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def request_key(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any) -> str:

@@ -49,9 +49,36 @@ def _stats(records: list[dict]) -> dict:
     }
 
 
+# The fields the summary computes with, and what they must hold (null aside). A record that breaks
+# them (hand-edited, or another program's JSON lines) is refused by name, not met by a TypeError
+# deep in numpy or a dict lookup.
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "ticket": (str,), "failure": (str,), "verdict": (str,),
+    "score": (int, float), "latency_s": (int, float), "request_s": (int, float), "cost": (int, float),
+    "input_tokens": (int,), "output_tokens": (int,),
+}
+
+
+def record_problem(record: dict) -> str | None:
+    for name, types in FIELD_TYPES.items():
+        value = record.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            expected = " or ".join(t.__name__ for t in types)
+            return f"{name!r} is a {type(value).__name__} ({value!r:.60}); a verdict log has a {expected} or null there"
+    return None
+
+
 def summarize(records: Iterable[dict], slowest: int = 5, examples: int = 2) -> dict:
     """Totals, one entry per step (ticket, in order of first appearance), failure kinds with their
-    first messages, and the slowest requests."""
+    first messages, and the slowest requests. A record with a field of the wrong type raises
+    ValueError, naming the record (its number among the records) and the field."""
+    records = list(records)
+    for number, record in enumerate(records, 1):
+        problem = record_problem(record)
+        if problem is not None:
+            raise ValueError(f"record {number} (key {str(record.get('key'))[:16]}): {problem}")
+    if slowest < 0:
+        raise ValueError(f"slowest must be >= 0, got {slowest}")
     records = sample_outcomes(records)
     steps: dict[str, list[dict]] = {}
     for record in records:

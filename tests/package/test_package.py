@@ -55,8 +55,8 @@ def test_cli_bad_config_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("reward, code", [("fails_on_tenth", 0), ("fails_on_odd", 3)])
 def test_cli_summary_names_failures_and_exits_non_zero_past_the_budget(tmp_path, reward, code):
     """10% failures: the policy handles them (exit 0), and the summary shows their kind and first
-    messages. 50%+ failures: past max_failure_rate, scoring stops with exit 3 and says why; every
-    score computed until then is in the output."""
+    messages. 50%+ failures: past max_failure_rate, scoring stops with exit 3 and says why; the
+    output holds the rows scored until then, and no row without a score."""
     rows = [{"solution_str": str(i)} for i in range(40)]
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -67,15 +67,16 @@ def test_cli_summary_names_failures_and_exits_non_zero_past_the_budget(tmp_path,
     assert result.returncode == code, result.stderr
     assert "failures_by_kind" in result.stdout and "{'error':" in result.stdout
     scored = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert len(scored) == 40
+    assert all(r["score"] is not None for r in scored)
     if code:  # the error gives the kinds and the first messages
         assert "scoring stopped: FailureBudgetExceeded" in result.stderr and "of 40 samples failed" in result.stderr
         assert "failure kinds: error x" in result.stderr and "cannot judge response 1" in result.stderr
-        assert any(r["score"] == 1.0 for r in scored) and any(r["score"] is None for r in scored)
+        assert any(r["score"] == 1.0 for r in scored) and len(scored) < 40
+        assert f"the output holds only the {len(scored)} rows scored" in result.stderr
         assert "Traceback" not in result.stderr
     else:  # below the budget: scored by the policy, the summary names them
         assert "failure 1" in result.stdout and "cannot judge response 9" in result.stdout
-        assert [r["score"] is not None for r in scored] == [True] * 40
+        assert len(scored) == 40
 
 
 # -- the product apart from the rig ----------------------------------------------------------------

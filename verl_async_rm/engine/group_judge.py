@@ -37,7 +37,7 @@ from verl_async_rm.engine.executors import AsyncCalls, ThreadCalls
 from verl_async_rm.engine.pipeline import Sample
 from verl_async_rm.loader import GROUP_METHOD, UserReward
 from verl_async_rm.normalize import normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored
+from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored, unsendable_text
 
 
 class GroupRequest:
@@ -78,6 +78,14 @@ class GroupCall(Sample):
 
     def scored(self, value: Any) -> Outcome:
         return GroupScored(normalize_group_verdicts(value, len(self.members), self.where), self.attempts + 1)
+
+    def unsendable(self) -> str | None:
+        """One member no request can carry makes the whole call unsendable (it sends them all)."""
+        for member in self.members:
+            problem = unsendable_text(member.item)
+            if problem is not None:
+                return f"sample {member.item.index}: {problem}"
+        return None
 
 
 @dataclass(slots=True)

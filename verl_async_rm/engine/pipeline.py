@@ -43,7 +43,7 @@ from verl_async_rm.engine.flow import FlowControl
 from verl_async_rm.engine.spend import Spending
 from verl_async_rm.limits import LeakyBucket
 from verl_async_rm.normalize import normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored
+from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored, unsendable_text
 from verl_async_rm.retry import RetryPolicy, classify
 
 _log = logging.getLogger(__name__)
@@ -86,6 +86,10 @@ class Sample:
         """What an answer makes of this request (a group judge's call answers for a whole group)."""
         score, extra = normalize_score(value, self.where)
         return Scored(score, extra, self.attempts + 1)
+
+    def unsendable(self) -> str | None:
+        """Why this request cannot be sent at all (``outcome.unsendable_text``), or None."""
+        return unsendable_text(self.item)
 
 
 class Attempt:
@@ -167,6 +171,7 @@ class RequestPipeline:
 
     # -- entry -----------------------------------------------------------------------------------
     def enqueue(self, samples: list[Sample]) -> None:
+        samples = self._refuse_unsendable(samples)
         if self.answer_early is not None:
             samples = self.answer_early(samples)
         if self.cache is None:
@@ -175,6 +180,19 @@ class RequestPipeline:
             for sample in samples:
                 self._enqueue_cached(sample)
         self.pump()
+
+    def _refuse_unsendable(self, samples: list[Sample]) -> list[Sample]:
+        """Samples no request can carry fail as ``invalid`` at once, never sent (settled on the next
+        loop turn, as answers from the verdict log are: the caller is still inside ``submit``)."""
+        sendable = []
+        for sample in samples:
+            problem = sample.unsendable()
+            if problem is None:
+                sendable.append(sample)
+                continue
+            sample.state = DONE
+            self.loop.call_soon(self.on_outcome, sample, Failed("invalid", f"{sample.where()} was not sent: {problem}", 0))
+        return sendable
 
     def abandon(self, sample: Sample) -> None:
         """The engine settles ``sample`` itself (deadline, cancel, close): stop whatever it is doing.
