@@ -280,16 +280,22 @@ def test_a_budget_holds_under_2000_concurrent_requests_with_the_judges_own_estim
              for i in range(2_000)]
 
     async def run():
+        returned = []
         async with AsyncRewardAgent(judge, config) as agent:
+            ticket = agent.submit(items)
             with pytest.raises(BudgetExceeded):
-                await agent.get_all(agent.submit(items), timeout=60)
-            return agent.metrics()
+                while chunk := await agent.get(ticket, 1, timeout=60):
+                    returned.extend(chunk.indices)
+            return agent.metrics(), returned
 
-    metrics = asyncio.run(run())
+    metrics, returned = asyncio.run(run())
     charged = metrics["input_tokens"] + metrics["output_tokens"]
     assert charged == judge.client.charged  # what the judge reported is what was charged
     assert charged <= budget, f"{charged} tokens charged against a {budget}-token budget"
     assert metrics["budget_overruns"] == 0 and metrics["completed"] > 0
+    # Nothing lost: every judged sample is handed out (its group hook, JudgeReward's post_process_scores,
+    # may still run when the budget stops), every other one is refused as a budget failure.
+    assert sorted(returned) == list(range(metrics["completed"]))
     assert metrics["failures_by_kind"]["budget"] == 2_000 - metrics["completed"]
 
 

@@ -149,6 +149,7 @@ class ScoringEngine:
             calls = executor_for(reward, config.executor, config.sync_workers, loop)
         self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
         self.budget_error: BudgetExceeded | None = None
+        self._budget_stop: asyncio.Task | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -713,7 +714,19 @@ class ScoringEngine:
             if self.verdicts is not None:
                 self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
         _log.error("reward agent: %s; %d samples refused", message, len(refused))
-        self._fail_all(BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')"))
+        error = BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')")
+        # Groups already judged (and paid for) whose group hook is still running are handed out
+        # first: failing now would cancel their hooks and drop them, neither returned nor refused.
+        hooks = [task for run in self.tickets.values() for task in run.hooks] + list(self.stream_hooks)
+        if not hooks:
+            self._fail_all(error)
+            return
+
+        async def fail_once_hooks_end() -> None:
+            await asyncio.wait(hooks)  # each bounded by hook_timeout and the deadline (_post_process)
+            self._fail_all(error)
+
+        self._budget_stop = self.loop.create_task(fail_once_hooks_end())  # held: the loop keeps only weak references
 
     # -- failing everything ---------------------------------------------------------------------------
     def _systemic_failure(self, message: str, budget: bool = False) -> None:
