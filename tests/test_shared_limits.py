@@ -227,3 +227,36 @@ def test_a_job_that_cannot_reach_any_limiter_falls_back_to_its_own_limits_loudly
     assert service.peak <= 3  # its own max_concurrency held while on local limits
     assert any("falls back to its own limits" in r.getMessage() for r in caplog.records)
     ray.kill(live_limiter(endpoint))
+
+
+def test_a_job_that_finds_its_limiter_dead_sends_nothing_new_until_it_registers_again(ray_session, monkeypatch):
+    """The next limiter knows nothing of the old grants (it may hand this job's slots to another job
+    at once), so a job that finds its limiter dead stops sending until it has registered with the
+    next one. Here re-creating the limiter takes 2 s (patched): no request may start from shortly
+    after the kill (the death is noticed within a heartbeat, 0.05 s; 0.5 s allowed on a loaded
+    machine) until then. Run over several kills. (Before: the job kept sending on its dead grant.)"""
+    import ray
+
+    from verl_async_rm import shared_limits
+
+    real_limiter_actor = shared_limits.limiter_actor
+
+    def slow_limiter_actor(*args, **kwargs):
+        time.sleep(2.0)
+        return real_limiter_actor(*args, **kwargs)
+
+    service = Service(latency=0.01)
+    endpoint = "t-dead-grant"
+    config = {"max_concurrency": 4, "shared_limits": {"endpoint": endpoint, "heartbeat_s": 0.05, "lease_ttl": 10.0}}
+    with RewardAgent(service.reward("a"), config) as agent:
+        monkeypatch.setattr(shared_limits, "limiter_actor", slow_limiter_actor)
+        for kill in range(1, 4):
+            ticket = agent.submit([{"solution_str": "x"}] * 1_000)  # far more than 2 s of work at 4 x 10 ms
+            time.sleep(0.2)
+            ray.kill(wait_for(lambda: live_limiter(endpoint), "a limiter to kill"))
+            killed = time.monotonic()
+            wait_for(lambda: agent.metrics()["shared_reattached"] >= kill, "the job to register again")
+            started = [t - killed for _, t in service.calls if t > killed]
+            assert not [t for t in started if 0.5 < t < 1.8], f"requests started while the limiter was dead: {started[:5]}"
+            assert agent.get_all(ticket, timeout=60).scores == [1.0] * 1_000
+    ray.kill(live_limiter(endpoint))

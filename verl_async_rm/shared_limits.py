@@ -24,7 +24,9 @@ good. Every call to it is bounded (``lease_ttl / 4``), so a limiter that hangs i
 too. A job that can neither reach nor re-create one for ``lease_ttl`` falls back to its own local
 limits, with an error logged (jobs sharing the endpoint may then together exceed the shared
 limits), and goes back to leasing once a limiter answers again. So a job never waits on the
-limiter for longer than ``lease_ttl`` plus a heartbeat.
+limiter for longer than ``lease_ttl`` plus a heartbeat. A job that finds its limiter dead sends
+nothing new until it has registered with the next one (which knows nothing of the old grants): the
+endpoint may then see more than the cap only while requests sent before the death are in flight.
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ class SharedLimitsClient:
         self._need.set()
 
     async def _renew(self) -> None:
+        from ray.exceptions import RayActorError
+
         interval = self.settings.heartbeat_s
         while not self._closed:
             try:
@@ -217,6 +221,10 @@ class SharedLimitsClient:
                 except Exception as exc:  # noqa: BLE001 - the limiter died, restarted or hangs, or the lease expired
                     _log.warning("shared_limits %r: heartbeat failed (%s: %s); finding the limiter again",
                                  self.settings.endpoint, type(exc).__name__, exc)
+                    if isinstance(exc, RayActorError) and not self.local:
+                        # The limiter is gone with its book: the next one will hand this job's slots
+                        # to others. Nothing new is sent until it registers (what is in flight ends).
+                        self.pipeline.cap = 0
                     self._registering = self.loop.create_task(self._find_and_register())
                     self._registering_since = self.loop.time()
             await self._await_registration()
