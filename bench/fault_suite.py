@@ -10,8 +10,14 @@ Judge-operations faults, each written to its own bench/results/fault_suite_<name
 - verdict-log-resume: ``verl-async-rm score`` with a group judge (one HTTP call per group) SIGKILLed
   twice mid-run, each time resumed from its verdict log, then completed: every row scored exactly
   once and right, no group the log held judged again, no run hung.
+- limiter-killed: two jobs sharing limits (``shared_limits``, a local Ray) score against the loopback
+  judge while the limiter actor is killed several times mid-run; each job must find a re-created
+  limiter and lose, duplicate or hang nothing.
+- budget: 2,000 requests submitted at once (max_concurrency 2,000) against a token budget they cannot
+  all fit, the judge reporting the worst usage a byte-level tokenizer can give each prompt; the
+  charged total must stay within the budget plus one request's true cost (one run per budget).
 
-    python bench/fault_suite.py [--fault all|agent|verdict-log-resume] [--samples N] [--quick]
+    python bench/fault_suite.py [--fault all|agent|verdict-log-resume|limiter-killed|budget] [--samples N] [--quick]
 The test suite runs the same functions and asserts on the figures (tests/judge_ops/test_fault_suite.py).
 """
 
@@ -254,11 +260,212 @@ def run_verdict_log_resume_fault(
     }
 
 
-def _show_and_write(figures: dict, out: str) -> None:
+def _collect(agent, ticket: str, chunk: int, timeout: float, seen: Counter) -> tuple[int, int, BaseException | None]:
+    """Reads ``ticket`` to its end into ``seen``: (misaligned scores, flagged failures, the error that
+    ended it, if any). A ``get`` that times out is a hang: returned as the error."""
+    misaligned = flagged = 0
+    try:
+        while result := agent.get(ticket, chunk, timeout=timeout):
+            for pos, index in enumerate(result.indices):
+                seen[index] += 1
+                if result.extra_info["reward_failed"][pos]:
+                    flagged += 1
+                elif result.scores[pos] != expected_score(index):
+                    misaligned += 1
+    except Exception as exc:  # noqa: BLE001 - the figures say what ended it (TimeoutError: hung)
+        return misaligned, flagged, exc
+    return misaligned, flagged, None
+
+
+def run_limiter_killed(
+    samples_per_job: int = 1_500,
+    jobs: int = 2,
+    cap: int = 16,
+    kills: int = 3,
+    kill_every_s: float = 1.0,
+    latency: tuple[float, float] = (0.01, 0.05),
+    ticket_deadline: float = 300.0,
+    seed: int = 0,
+) -> dict:
+    """Jobs sharing one endpoint's limits while its limiter actor is killed ``kills`` times mid-run."""
+    import secrets
+    import threading
+
+    import ray
+
+    from verl_async_rm.shared_limits import ACTOR_PREFIX
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="fault_suite")
+    endpoint = f"fault-suite-{secrets.token_hex(4)}"
+    namespace = "verl_async_rm"
+
+    def limiter():
+        try:
+            return ray.get_actor(ACTOR_PREFIX + endpoint, namespace=namespace)
+        except ValueError:
+            return None
+
+    config = {"max_concurrency": cap, "request_timeout": 10.0, "ticket_deadline": ticket_deadline,
+              "shared_limits": {"endpoint": endpoint, "heartbeat_s": 0.1}}
+    items = [make_items(samples_per_job, 1) for _ in range(jobs)]
+    seen = [Counter() for _ in range(jobs)]
+    results: list = [None] * jobs
+    killed_at, recovered_after = [], []
+    try:
+        with JudgeServer(JudgeServerConfig(latency=latency, seed=seed)) as server:
+            agents = [RewardAgent(JudgeReward(base_url=server.base_url, api_key="test", model="judge-stub", timeout=30),
+                                  config) for _ in range(jobs)]
+            try:
+                start = time.perf_counter()
+                tickets = [agent.submit(batch, 1) for agent, batch in zip(agents, items)]
+                readers = [threading.Thread(target=lambda j=j: results.__setitem__(
+                    j, _collect(agents[j], tickets[j], 64, ticket_deadline + 30, seen[j]))) for j in range(jobs)]
+                for reader in readers:
+                    reader.start()
+                for kill in range(1, kills + 1):
+                    time.sleep(kill_every_s)  # each kill hits a limiter every job is registered with
+                    victim = limiter()
+                    if victim is None:
+                        continue
+                    ray.kill(victim)
+                    killed = time.perf_counter()
+                    killed_at.append(killed - start)
+                    while min(agent.metrics()["shared_reattached"] for agent in agents) < kill:
+                        if time.perf_counter() - killed > 60:
+                            break
+                        time.sleep(0.02)
+                    recovered_after.append(time.perf_counter() - killed)
+                for reader in readers:
+                    reader.join()
+                wall = time.perf_counter() - start
+                metrics = [agent.metrics() for agent in agents]
+            finally:
+                for agent in agents:
+                    agent.close()
+            stats = server.stats()
+        survivor = limiter()
+        if survivor is not None:
+            ray.kill(survivor)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    samples = samples_per_job * jobs
+    errors = [None if r is None or r[2] is None else f"{type(r[2]).__name__}: {r[2]}" for r in results]
+    return {
+        "fault": "limiter-killed",
+        "jobs": jobs,
+        "samples": samples,
+        "returned": sum(sum(c.values()) for c in seen),
+        "lost": samples - sum(len(c) for c in seen),
+        "duplicated": sum(count - 1 for c in seen for count in c.values() if count > 1),
+        "hung": sum(samples_per_job - len(c) for c, e in zip(seen, errors) if e and e.startswith("TimeoutError")),
+        "misaligned_scores": sum(r[0] for r in results if r is not None),
+        "failed_samples_flagged": sum(r[1] for r in results if r is not None),
+        "ticket_errors": errors,
+        "kills": len(killed_at),
+        "killed_at_s": killed_at,
+        "every_job_registered_again_after_s": recovered_after,
+        "shared_reattached": [m["shared_reattached"] for m in metrics],
+        "shared_local_fallbacks": [m["shared_local_fallbacks"] for m in metrics],
+        "cap": cap,
+        "server_peak_concurrency": stats.peak_in_flight,
+        "server_requests": stats.requests,
+        "ticket_deadline_s": ticket_deadline,
+        "wall_s": wall,
+    }
+
+
+def run_budget(
+    samples: int = 2_000,
+    concurrency: int = 2_000,
+    token_budget: int = 60_000,
+    reserve_output_tokens: int = 8,
+    latency: tuple[float, float] = (0.0, 0.05),
+    ticket_deadline: float = 300.0,
+    seed: int = 0,
+) -> dict:
+    """``samples`` requests submitted at once, ``concurrency`` allowed in flight, against a budget near
+    or below what they cost. The judge reports each prompt's worst case for a byte-level tokenizer
+    (a token per UTF-8 byte, plus OpenAI's 3 per message and 3 to prime the reply): the largest usage
+    the shipped judge's estimate is meant to cover."""
+    import threading
+
+    from verl_async_rm.outcome import BudgetExceeded
+
+    costs: list[int] = []
+    lock = threading.Lock()
+
+    def worst_case_usage(messages: list[dict], reply: str) -> tuple[int, int]:
+        prompt = sum(len(str(m.get("content", "")).encode()) + 3 for m in messages) + 3
+        completion = min(reserve_output_tokens, max(1, len(reply.split())))
+        with lock:
+            costs.append(prompt + completion)
+        return prompt, completion
+
+    # Responses of varied length, some in a script of 3 bytes a character (a byte-level tokenizer's
+    # worst case is in bytes, not characters).
+    items = make_items(samples, 1)
+    for i, item in enumerate(items):
+        item["solution_str"] = ("推理 " * (i % 11)) + ("step " * (i % 5)) + item["solution_str"]
+    config = {"max_concurrency": concurrency, "token_budget": token_budget, "reserve_output_tokens": reserve_output_tokens,
+              "request_timeout": 60.0, "ticket_deadline": ticket_deadline}
+    seen: Counter[int] = Counter()
+    with JudgeServer(JudgeServerConfig(latency=latency, seed=seed, usage=worst_case_usage)) as server:
+        judge = JudgeReward(base_url=server.base_url, api_key="test", model="judge-stub", timeout=120)
+        with RewardAgent(judge, config) as agent:
+            start = time.perf_counter()
+            ticket = agent.submit(items, 1)
+            misaligned, flagged, error = _collect(agent, ticket, 1, ticket_deadline + 30, seen)
+            wall = time.perf_counter() - start
+            metrics = agent.metrics()
+        stats = server.stats()
+    charged = metrics["input_tokens"] + metrics["output_tokens"] + metrics["estimated_input_tokens"] + metrics["estimated_output_tokens"]
+    refused = metrics["failures_by_kind"].get("budget", 0)
+    largest = max(costs, default=0)
+    return {
+        "fault": "budget",
+        "samples": samples,
+        "max_concurrency": concurrency,
+        "token_budget": token_budget,
+        "reserve_output_tokens": reserve_output_tokens,
+        "returned": sum(seen.values()),
+        "refused_by_budget": refused,
+        "lost": samples - len(seen) - refused,
+        "duplicated": sum(count - 1 for count in seen.values() if count > 1),
+        "hung": 0 if not isinstance(error, TimeoutError) else samples - len(seen) - refused,
+        "misaligned_scores": misaligned,
+        "failed_samples_flagged": flagged,
+        "stopped_by": f"{type(error).__name__}: {error}" if error is not None else None,
+        "stopped_by_budget": isinstance(error, BudgetExceeded),
+        "charged_tokens": charged,
+        "judge_reported_tokens": sum(costs),
+        "largest_request_true_cost": largest,
+        "crossed_by": max(0, charged - token_budget),
+        "within_budget_plus_one_request": charged <= token_budget + largest,
+        "budget_overruns": metrics["budget_overruns"],
+        "agent_peak_in_flight": metrics["peak_in_flight"],
+        "server_peak_concurrency": stats.peak_in_flight,
+        "server_requests": stats.requests,
+        "ticket_deadline_s": ticket_deadline,
+        "wall_s": wall,
+    }
+
+
+def _print(figures: dict) -> None:
     width = max(map(len, figures))
     for key, value in figures.items():
         shown = f"{value:.3f}" if isinstance(value, float) and not math.isnan(value) else value
         print(f"{key:<{width}}  {shown}")
+
+
+def _show_and_write(figures: dict, out: str) -> None:
+    """Print a fault's figures (each run's, for a fault of several runs) and write them as JSON to ``out``."""
+    several = set(figures) <= {"runs", "command"}  # a fault of several runs (budget: one per budget)
+    for run in figures["runs"] if several else [figures]:
+        _print(run)
+        print()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(figures, indent=2))
     print(f"wrote {out}")
@@ -266,26 +473,33 @@ def _show_and_write(figures: dict, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fault", choices=["all", "agent", "verdict-log-resume"], default="all",
-                        help="run one fault alone (each writes its own JSON)")
+    parser.add_argument("--fault", choices=["all", "agent", "verdict-log-resume", "limiter-killed", "budget"],
+                        default="all", help="run one fault alone (each writes its own JSON; agent: the HTTP faults)")
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--cap", type=int, default=64)
     parser.add_argument("--rpm", type=float, default=9_000)
     parser.add_argument("--quick", action="store_true", help="1,000 samples")
-    parser.add_argument("--out", default=str(RESULTS / "fault_suite.json"))
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     command = " ".join(["bench/fault_suite.py", *sys.argv[1:]])
-    if args.quick:
-        args.samples = 1_000
-        args.out = args.out.replace(".json", "_quick.json")
+    quick = "_quick" if args.quick else ""
     if args.fault in ("all", "agent"):
+        if args.quick:
+            args.samples = 1_000
         figures = run_fault_suite(samples=args.samples, cap=args.cap, requests_per_minute=args.rpm, progress=True)
         figures["command"] = command
-        _show_and_write(figures, args.out)
+        _show_and_write(figures, args.out or str(RESULTS / f"fault_suite{quick}.json"))
     if args.fault in ("all", "verdict-log-resume"):
         figures = run_verdict_log_resume_fault(**({"groups": 32, "kill_after": (8, 16)} if args.quick else {}))
         figures["command"] = command
-        _show_and_write(figures, str(RESULTS / ("fault_suite_verdict_log_resume" + ("_quick" if args.quick else "") + ".json")))
+        _show_and_write(figures, str(RESULTS / f"fault_suite_verdict_log_resume{quick}.json"))
+    if args.fault in ("all", "limiter-killed"):
+        figures = run_limiter_killed()
+        figures["command"] = command
+        _show_and_write(figures, str(RESULTS / f"fault_suite_limiter_killed{quick}.json"))
+    if args.fault in ("all", "budget"):
+        figures = {"runs": [run_budget(token_budget=budget) for budget in (60_000, 400_000)], "command": command}
+        _show_and_write(figures, str(RESULTS / f"fault_suite_budget{quick}.json"))
 
 
 if __name__ == "__main__":

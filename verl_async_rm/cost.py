@@ -12,8 +12,9 @@ verdict log, the strategies' metrics and ``verl-async-rm score`` read). A reques
 nothing (or that failed) is charged its *reservation* (below) as an estimate, counted apart.
 
 **The budget rule** (``token_budget`` and/or ``money_budget``). Before an attempt is sent it
-*reserves* its worst case: its input estimate (the ``token_estimator``, else ~4 characters a token)
-plus ``reserve_output_tokens``. It is sent only if everything already charged, plus every
+*reserves* its worst case: its input estimate (the caller's ``token_estimator``, else the reward's
+own ``estimate_input_tokens``, which must cover the whole prompt it builds; a budget with neither is
+refused when the agent is built: ``engine/spend.py``) plus ``reserve_output_tokens``. It is sent only if everything already charged, plus every
 reservation in flight, plus its own fits the budget. When it ends, its reservation is released and
 it is charged what the judge reported (or the reservation, if nothing was reported). So the charged
 total never passes the budget as long as no request uses more than its reservation (set

@@ -9,6 +9,9 @@ below is the same arithmetic as aiolimiter's (level drains linearly; a request f
 
 from __future__ import annotations
 
+import math
+from typing import Any, Callable
+
 
 class LeakyBucket:
     """``capacity`` units, draining at ``drain_per_s``. Times are seconds on the caller's clock."""
@@ -74,3 +77,26 @@ def approx_tokens(item) -> int:
     thumb for English) over what a judge reads: the response, the reference and the extra info."""
     text = len(item.solution_str) + len(str(item.ground_truth or "")) + len(str(item.extra_info or ""))
     return text // 4 + 1
+
+
+class EstimateRefused(ValueError):
+    """A token estimate that is not a finite number >= 0: the request is refused, never sent."""
+
+
+def checked_estimate(estimator: Callable[[Any], Any], name: str) -> Callable[[Any], float]:
+    """``estimator`` whose every answer is checked: ``inf`` would make a request wait forever for a
+    rate bucket or a budget it can never fit; NaN or a negative number would drain the bucket
+    (``tokens_per_minute`` silently off) or credit the budget. Raises ``EstimateRefused`` naming
+    ``name`` (the setting or method that produced it)."""
+
+    def estimate(item: Any) -> float:
+        value = estimator(item)
+        try:
+            tokens = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise EstimateRefused(f"{name} returned {value!r:.80}, not a number of tokens") from None
+        if not (math.isfinite(tokens) and tokens >= 0):
+            raise EstimateRefused(f"{name} returned {value!r:.80}: a request's tokens must be a finite number >= 0")
+        return tokens
+
+    return estimate

@@ -17,6 +17,16 @@ A job that cannot reach the limiter for ``lease_ttl / 2`` stops sending (cap 0) 
 limiter reclaims its lease after ``lease_ttl``. Requests such a job already had in flight may then
 overlap with the reclaimed slots for their own duration: the bound holds for jobs that crash (their
 requests die with them) and for jobs that stay connected.
+
+A limiter that dies (``ray.kill``, its node lost) is found again by name after a failed heartbeat,
+re-created if no job has yet (``get_if_exists``), and registered with: a job holds no handle for
+good. Every call to it is bounded (``lease_ttl / 4``), so a limiter that hangs is a failed heartbeat
+too. A job that can neither reach nor re-create one for ``lease_ttl`` falls back to its own local
+limits, with an error logged (jobs sharing the endpoint may then together exceed the shared
+limits), and goes back to leasing once a limiter answers again. So a job never waits on the
+limiter for longer than ``lease_ttl`` plus a heartbeat. A job that finds its limiter dead sends
+nothing new until it has registered with the next one (which knows nothing of the old grants): the
+endpoint may then see more than the cap only while requests sent before the death are in flight.
 """
 
 from __future__ import annotations
@@ -30,9 +40,11 @@ import time
 from collections import deque
 
 from verl_async_rm.lease_table import EndpointLimits, LeaseTable, LimitsConflict
+from verl_async_rm.limits import strict_bucket
 
 _log = logging.getLogger(__name__)
 ACTOR_PREFIX = "async_rm_limiter:"
+REGISTER_GIVE_UP_S = 60.0  # a registration still pending after this long is started afresh
 
 
 class SharedLimiter:
@@ -89,6 +101,10 @@ class LeasedPermits:
             self.total = 0.0  # no drift from float arithmetic
         return self.total
 
+    def drop(self) -> None:
+        self.batches.clear()
+        self.total = 0.0
+
     def add(self, amount: float, expires_at: float) -> None:
         if amount > 0:
             self.batches.append([expires_at, amount])
@@ -138,6 +154,13 @@ class SharedLimitsClient:
         self.version = -1
         self.valid_until = -math.inf
         self.heartbeats = 0
+        self.reattached = 0  # registrations with a limiter found again (or re-created) after a failure
+        self.local = False  # on the job's own limits: no limiter could be reached for lease_ttl
+        self.local_fallbacks = 0
+        self._config = config
+        self._last_grant = loop.time()
+        self._registering: asyncio.Task | None = None
+        self._registering_since = -math.inf
         self._need = asyncio.Event()
         self._last_beat = -math.inf
         self._task: asyncio.Task | None = None
@@ -170,6 +193,8 @@ class SharedLimitsClient:
         self._need.set()
 
     async def _renew(self) -> None:
+        from ray.exceptions import RayActorError
+
         interval = self.settings.heartbeat_s
         while not self._closed:
             try:
@@ -183,23 +208,93 @@ class SharedLimitsClient:
             if early > 0:
                 await asyncio.sleep(early)
             self._last_beat = self.loop.time()
-            if self.loop.time() > self.valid_until and self.pipeline.cap:
+            if self.loop.time() > self.valid_until and self.pipeline.cap and not self.local:
                 _log.error("shared_limits %r: no lease renewal for %.1fs; sending stops until the limiter answers",
                            self.settings.endpoint, self.settings.lease_ttl / 2)
                 self.pipeline.cap = 0
-            try:
-                await self._beat()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the limiter restarting, or the lease expired: register again
-                _log.warning("shared_limits %r: heartbeat failed (%s: %s)", self.settings.endpoint, type(exc).__name__, exc)
-                await asyncio.sleep(interval)
+            if self._registering is None:
                 try:
-                    sent = self.loop.time()
-                    self._apply(await self.actor.register.remote(self.job, dataclasses.asdict(self.limits),
-                                                                 **self._initial_wants), sent)
-                except Exception:  # noqa: BLE001 - tried again at the next beat
-                    pass
+                    await self._beat()
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the limiter died, restarted or hangs, or the lease expired
+                    _log.warning("shared_limits %r: heartbeat failed (%s: %s); finding the limiter again",
+                                 self.settings.endpoint, type(exc).__name__, exc)
+                    if isinstance(exc, RayActorError) and not self.local:
+                        # The limiter is gone with its book: the next one will hand this job's slots
+                        # to others. Nothing new is sent until it registers (what is in flight ends).
+                        self.pipeline.cap = 0
+                    self._registering = self.loop.create_task(self._find_and_register())
+                    self._registering_since = self.loop.time()
+            await self._await_registration()
+
+    @property
+    def call_timeout(self) -> float:
+        """How long a heartbeat may take: a hung limiter is a failed heartbeat, found well before the
+        lease (``lease_ttl / 2``) lapses. At least a heartbeat (the config guarantees it)."""
+        return self.settings.lease_ttl / 4
+
+    async def _find_and_register(self) -> tuple:
+        """The limiter found again by name, or re-created if it died (a killed actor's handle stays
+        dead for good), then registered with. Not bounded by ``call_timeout``: a re-created actor
+        needs a worker process started, seconds on a loaded node; the fallback below runs meanwhile."""
+        actor = await asyncio.to_thread(
+            limiter_actor, self.settings.endpoint, self.settings.namespace, self.settings.lease_ttl,
+            self.settings.permit_ttl, batch_s=max(0.5, 2 * self.settings.heartbeat_s))
+        await actor.snapshot.remote()  # started: the lease below counts from now, not from the process start
+        sent = self.loop.time()
+        return actor, await self._register(actor), sent
+
+    async def _await_registration(self) -> None:
+        """One heartbeat's wait on the pending registration. If none has succeeded for ``lease_ttl``
+        since the last grant, the job falls back to its own limits, loudly, rather than wait forever."""
+        done, _ = await asyncio.wait([self._registering], timeout=self.settings.heartbeat_s)
+        if not done:
+            if self.loop.time() - self._registering_since > REGISTER_GIVE_UP_S:
+                self._registering.cancel()  # tried afresh at the next beat
+                self._registering = None
+            self._fall_back_if_due("no limiter has answered yet")
+            return
+        task, self._registering = self._registering, None
+        try:
+            actor, grant, sent = task.result()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - tried again at the next beat
+            self._fall_back_if_due(f"{type(exc).__name__}: {exc}")
+            return
+        self.actor = actor
+        self.reattached += 1
+        for pool in (self.rpm, self.tpm):  # the old limiter's permits: the new one's bucket does not know them
+            if pool is not None:
+                pool.drop()
+        _log.warning("shared_limits %r: registered again with the limiter", self.settings.endpoint)
+        self._apply(grant, sent)
+
+    def _fall_back_if_due(self, why: str) -> None:
+        if self.local or self.loop.time() - self._last_grant <= self.settings.lease_ttl:
+            return
+        config = self._config
+        self.local = True
+        self.local_fallbacks += 1
+        _log.error(
+            "shared_limits %r: no limiter answered or could be re-created for %.1fs (%s); this job falls back to "
+            "its own limits (%s) until one does: jobs sharing the endpoint may together exceed them meanwhile",
+            self.settings.endpoint, self.settings.lease_ttl, why, self.limits.describe())
+        self.pipeline.rpm = strict_bucket(config.requests_per_minute) if config.requests_per_minute else None
+        self.pipeline.tpm = strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None
+        self.pipeline.cap = config.max_concurrency
+        self.pipeline.pump()
+
+    async def _register(self, actor):
+        return await actor.register.remote(self.job, dataclasses.asdict(self.limits), **self._initial_wants)
+
+    def _back_to_leasing(self) -> None:
+        self.local = False
+        self.pipeline.rpm, self.pipeline.tpm = self.rpm, self.tpm
+        _log.error("shared_limits %r: a limiter answers again; this job leases the shared limits again "
+                   "(it ran on its own limits meanwhile)", self.settings.endpoint)
 
     async def _beat(self) -> None:
         pipeline, now = self.pipeline, self.loop.time()
@@ -213,11 +308,17 @@ class SharedLimitsClient:
             "want_tokens": self.tpm.want(queued, now) if self.tpm is not None else 0.0,
             "paused_until": time.time() + (paused - now) if paused > now else -math.inf,
         }
-        self._apply(await self.actor.heartbeat.remote(self.job, **report), now)
+        self._apply(await asyncio.wait_for(self._heartbeat(report), self.call_timeout), now)
+
+    async def _heartbeat(self, report: dict) -> dict:
+        return await self.actor.heartbeat.remote(self.job, **report)
 
     def _apply(self, grant: dict, sent: float) -> None:
         """A grant for a heartbeat sent at ``sent`` (loop clock): permits and the lease count from then."""
+        if self.local:
+            self._back_to_leasing()
         self.heartbeats += 1
+        self._last_grant = self.loop.time()
         self.version = grant["version"]
         self.valid_until = sent + self.settings.lease_ttl / 2
         expires = sent + grant["permit_ttl"]
@@ -233,10 +334,14 @@ class SharedLimitsClient:
         self.pipeline.pump()
 
     def snapshot(self) -> dict:
-        return {"shared_slots": self.pipeline.cap, "shared_heartbeats": self.heartbeats}
+        return {"shared_slots": self.pipeline.cap, "shared_heartbeats": self.heartbeats,
+                "shared_reattached": self.reattached, "shared_local_fallbacks": self.local_fallbacks,
+                "shared_on_local_limits": self.local}
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._registering is not None:
+            self._registering.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait([self._task], timeout=5)

@@ -113,3 +113,67 @@ def test_the_hydra_configs_defaults_are_the_settings_own():
     assert strategy_from_mapping(flags) == StrategyConfig()
     assert set(flags) == {"mini_batch_pipeline", "update_pipeline", "off_policy_steps", "mini_batch_order",
                           "stream_rewards", "max_staleness", "on_stale"}
+
+
+# -- a token estimate that is not a finite count of tokens is refused (issue 45 item 9) --------------------
+BAD_ESTIMATES = [float("inf"), float("nan"), -1e6, -1, "many", None]
+
+
+def scored_with_estimator(config, estimate, n=4):
+    """(virtual seconds, chunk, calls) for ``n`` samples whose estimate is ``estimate`` for sample 0
+    and 50 tokens for the others. Bounded: a hang would be an asyncio TimeoutError, in virtual time."""
+    calls = []
+
+    async def counting(data_source, solution_str, ground_truth, extra_info=None):
+        calls.append(extra_info["i"])
+        return 1.0
+
+    async def scenario():
+        async with AsyncRewardAgent(counting, config, token_estimator=lambda item: estimate if item.index == 0 else 50) as agent:
+            start = asyncio.get_running_loop().time()
+            chunk = await agent.get_all(agent.submit([{"solution_str": "x", "extra_info": {"i": i}} for i in range(n)], 1),
+                                        timeout=3600)
+            return asyncio.get_running_loop().time() - start, chunk, calls
+
+    loop = looptime.new_event_loop()
+    try:
+        return loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("estimate", BAD_ESTIMATES)
+def test_a_bad_token_estimate_is_refused_and_tokens_per_minute_still_holds(estimate):
+    """Before: NaN or a negative estimate drained the bucket (tokens_per_minute silently off: every
+    request at once). Now the sample is refused as ``invalid``, naming token_estimator, never sent,
+    and the others are paced exactly as without it: 3 x 50 tokens against a 100-token bucket
+    draining 98.33/s, so the third waits 50 tokens' drain."""
+    elapsed, chunk, calls = scored_with_estimator({"tokens_per_minute": 6000}, estimate)
+    assert sorted(calls) == [1, 2, 3]  # the refused sample never reached the reward
+    assert chunk.extra_info["reward_failed"][0] == 1 and chunk.extra_info["reward_failure"][0] == "invalid"
+    assert "token_estimator returned" in chunk.extra_info["reward_error"][0]
+    assert chunk.scores[1:] == [1.0] * 3
+    assert elapsed == pytest.approx(50 / 98.3333, rel=1e-3)
+
+
+@pytest.mark.parametrize("estimate", BAD_ESTIMATES)
+def test_a_bad_token_estimate_against_a_budget_is_refused_not_hung(estimate):
+    """Before: ``inf`` raised inside the admission pump and the ticket hung. Now: refused, the rest scored."""
+    elapsed, chunk, calls = scored_with_estimator({"token_budget": 10_000, "reserve_output_tokens": 10}, estimate)
+    assert sorted(calls) == [1, 2, 3] and chunk.scores[1:] == [1.0] * 3
+    assert chunk.extra_info["reward_failure"][0] == "invalid" and "token_estimator returned" in chunk.extra_info["reward_error"][0]
+
+
+def test_an_estimator_that_is_always_wrong_fails_the_run_loudly():
+    from verl_async_rm.outcome import FailureBudgetExceeded
+
+    async def scenario():
+        async with AsyncRewardAgent(reward, {"tokens_per_minute": 6000}, token_estimator=lambda item: float("nan")) as agent:
+            with pytest.raises(FailureBudgetExceeded, match="token_estimator returned nan"):
+                await agent.get_all(agent.submit([{"solution_str": "x"}] * 20, 1), timeout=3600)
+
+    loop = looptime.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()

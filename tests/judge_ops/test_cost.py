@@ -247,3 +247,110 @@ def test_the_strategies_log_each_steps_usage_and_the_running_total(tmp_path):
     assert steps[1]["async_reward/judge_input_tokens"] == all_in - first_in
     assert steps[1]["async_reward/judge_input_tokens_total"] == all_in
     assert steps[1]["async_reward/judge_cost_total"] == float(Fraction(3 * all_in + 15 * all_out, 1_000_000))
+
+
+# -- the reservation covers the prompt the reward builds (issue 45 item 5) ---------------------------------
+class PromptBytesJudge:
+    """A stand-in for the OpenAI client behind ``JudgeReward``: answers after a moment and reports the
+    worst usage a byte-level tokenizer can give the prompt it was sent (one token per UTF-8 byte, plus
+    OpenAI's 3 per message and 3 to prime the reply), and a short reply within ``max_output``."""
+
+    def __init__(self, rng: random.Random, max_output: int):
+        self.rng, self.max_output, self.charged = rng, max_output, 0
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    async def create(self, model, messages):
+        await asyncio.sleep(self.rng.uniform(0, 0.002))
+        prompt = sum(len(m["content"].encode()) + 3 for m in messages) + 3
+        completion = self.rng.randint(1, self.max_output)
+        self.charged += prompt + completion
+        usage = SimpleNamespace(prompt_tokens=prompt, completion_tokens=completion)
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="1"))], usage=usage)
+
+    async def close(self):
+        pass
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("seed", range(3))
+def test_a_budget_holds_under_2000_concurrent_requests_with_the_judges_own_estimate(seed):
+    """The shipped ``JudgeReward`` reserves its whole prompt (system prompt, tags, response, reference),
+    not ~4 characters a token of the response: 2,000 requests all at once (max_concurrency 2,000) never
+    charge past a 60,000-token budget. (Before: the default estimate left the prompt out, ~2,000
+    requests were admitted at once, and 3x the budget was charged.)"""
+    rng = random.Random(seed)
+    judge = JudgeReward(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    judge.client = PromptBytesJudge(rng, max_output=8)
+    budget, reserve_output = 60_000, 8
+    config = {"max_concurrency": 2_000, "token_budget": budget, "reserve_output_tokens": reserve_output,
+              "failure_policy": "fill", "max_failure_rate": 1.0}
+    answers = ["so the answer is 42", "答案是 42 — 四十二", "x" * rng.randint(0, 400), ""]
+    items = [{"solution_str": rng.choice(answers) + str(i), "ground_truth": rng.choice(["42", "四十二"]), "uid": i}
+             for i in range(2_000)]
+
+    async def run():
+        returned = []
+        async with AsyncRewardAgent(judge, config) as agent:
+            ticket = agent.submit(items)
+            with pytest.raises(BudgetExceeded):
+                while chunk := await agent.get(ticket, 1, timeout=60):
+                    returned.extend(chunk.indices)
+            return agent.metrics(), returned
+
+    metrics, returned = asyncio.run(run())
+    charged = metrics["input_tokens"] + metrics["output_tokens"]
+    assert charged == judge.client.charged  # what the judge reported is what was charged
+    assert charged <= budget, f"{charged} tokens charged against a {budget}-token budget"
+    assert metrics["budget_overruns"] == 0 and metrics["completed"] > 0
+    # Nothing lost: every judged sample is handed out (its group hook, JudgeReward's post_process_scores,
+    # may still run when the budget stops), every other one is refused as a budget failure.
+    assert sorted(returned) == list(range(metrics["completed"]))
+    assert metrics["failures_by_kind"]["budget"] == 2_000 - metrics["completed"]
+
+
+@pytest.mark.quick
+def test_a_budget_without_an_estimate_of_what_the_reward_sends_is_refused_at_start(tmp_path, capsys):
+    from verl_async_rm.cli import main
+
+    def plain(data_source, solution_str, ground_truth, extra_info=None):
+        return 1.0
+
+    with pytest.raises(ValueError, match=r"token_budget/money_budget: .*estimate_input_tokens.*token_estimator=") as info:
+        RewardAgent(plain, {"token_budget": 60_000})
+    assert "plain" in str(info.value)
+    with pytest.raises(ValueError, match="estimate_input_tokens"):
+        RewardAgent(plain, {"money_budget": 1.0, "price_input_per_million": 1.0})
+    with RewardAgent(plain, {"token_budget": 60_000}, token_estimator=lambda item: 10):
+        pass  # the caller's estimate is a usable one
+    with RewardAgent(plain, {"tokens_per_minute": 60_000}):
+        pass  # rate limits alone keep the default (an estimate, not a bound)
+
+    # On the command line: exit 2 with the message, before any request.
+    reward_file = tmp_path / "plain.py"
+    reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    raise AssertionError('called')\n")
+    (tmp_path / "in.jsonl").write_text('{"solution_str": "a", "ground_truth": "a"}\n')
+    code = main(["score", "--input", str(tmp_path / "in.jsonl"), "--reward-file", str(reward_file),
+                 "--reward-name", "compute_score", "--no-verdict-log", "--set", "token_budget=1000"])
+    assert code == 2 and "estimate_input_tokens" in capsys.readouterr().err
+
+    # The shipped judges estimate their whole prompt: the class, the function, the group judge.
+    from verl_async_rm.engine.group_judge import GroupRequest
+    from verl_async_rm.engine.spend import budget_estimator
+    from verl_async_rm.loader import wrap_reward
+    from verl_async_rm.outcome import RewardItem
+    from verl_async_rm.user_rewards import llm_judge
+    from verl_async_rm.user_rewards.group_judge import GroupJudgeReward, build_group_messages
+
+    config = AgentConfig(token_budget=10)
+    item = RewardItem(0, "so the answer is 7", "7")
+    whole_prompt = llm_judge.prompt_token_bound(llm_judge.build_messages("so the answer is 7", "7"))
+    judge = wrap_reward(llm_judge.JudgeReward, {"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    assert budget_estimator(judge, None, config)(item) == whole_prompt
+    assert budget_estimator(wrap_reward(llm_judge.compute_score), None, config)(item) == whole_prompt
+    assert whole_prompt > len(llm_judge.SYSTEM_PROMPT)  # the system prompt is in it
+    group = [RewardItem(i, f"candidate {i}", "7") for i in range(4)]
+    group_judge = wrap_reward(GroupJudgeReward, {"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    assert budget_estimator(group_judge, None, config)(GroupRequest(("uid", 0), group)) == \
+        llm_judge.prompt_token_bound(build_group_messages(group))
+

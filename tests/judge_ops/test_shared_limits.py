@@ -139,3 +139,124 @@ def test_two_agent_actors_share_the_limit_as_training_uses_them(ray_session):
         stats = server.stats()
     assert [chunk.scores for chunk in chunks] == [[1.0] * 40] * 2
     assert stats.requests == 80 and stats.peak_in_flight == 3  # alone, each actor would reach 3
+
+
+def wait_for(condition, what: str, timeout: float = 60.0):
+    """Polls ``condition`` (generous timeout: a loaded machine; the property is "eventually", not a speed)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.02)
+    return value
+
+
+def live_limiter(endpoint):
+    import ray
+
+    try:
+        return ray.get_actor(ACTOR_PREFIX + endpoint, namespace="verl_async_rm")
+    except ValueError:  # none by that name (killed, not re-created yet)
+        return None
+
+
+def test_a_killed_limiter_is_found_again_and_no_job_hangs(ray_session):
+    """Issue 45 item 3: the limiter killed mid-run, again and again at random moments; every running
+    job notices (a failed heartbeat), registers with a re-created limiter, and scores every sample.
+    (Before: the jobs kept the dead handle for good, their cap stayed 0 and get_all hung.)"""
+    import random
+
+    import ray
+
+    rng = random.Random(45)
+    service = Service(latency=0.01)
+    endpoint = "t-killed"
+    # lease_ttl 10 s (the default): a re-created limiter's worker process starts well within it, so the
+    # jobs re-attach rather than fall back (the fallback is the next test's).
+    config = {"max_concurrency": 4, "shared_limits": {"endpoint": endpoint, "heartbeat_s": 0.05, "lease_ttl": 10.0}}
+    kills = 6
+    with RewardAgent(service.reward("a"), config) as a, RewardAgent(service.reward("b"), config) as b:
+        for kill in range(1, kills + 1):
+            ta, tb = a.submit([{"solution_str": "x"}] * 100), b.submit([{"solution_str": "x"}] * 100)
+            time.sleep(rng.uniform(0.0, 0.3))  # mid-run, at a moment the jobs cannot anticipate
+            ray.kill(wait_for(lambda: live_limiter(endpoint), "a limiter to kill"))
+            chunks = [a.get_all(ta, timeout=60), b.get_all(tb, timeout=60)]  # old code: TimeoutError
+            assert [chunk.scores for chunk in chunks] == [[1.0] * 100] * 2
+            wait_for(lambda: min(a.metrics()["shared_reattached"], b.metrics()["shared_reattached"]) >= kill,
+                     "both jobs to register with a re-created limiter")
+        metrics = [a.metrics(), b.metrics()]
+        limiter = live_limiter(endpoint)
+        jobs = ray.get(limiter.snapshot.remote())["jobs"]
+    assert all(m["failed"] == 0 and m["shared_reattached"] >= kills for m in metrics), metrics
+    assert not any(m["shared_on_local_limits"] for m in metrics)  # leasing again at the end
+    assert len(jobs) == 2  # both jobs lease from the limiter that is alive now
+    ray.kill(limiter)
+
+
+def test_a_job_that_cannot_reach_any_limiter_falls_back_to_its_own_limits_loudly(ray_session, monkeypatch, caplog):
+    """The limiter killed and none can be created (Ray's control plane unreachable, here simulated):
+    within lease_ttl the job runs on its own limits, says so in an error, holds its own cap, scores
+    everything; once a limiter can be created again, it leases again."""
+    import logging
+
+    import ray
+
+    from verl_async_rm import shared_limits
+
+    service = Service(latency=0.01)
+    endpoint = "t-fallback"
+    config = {"max_concurrency": 3, "shared_limits": {"endpoint": endpoint, "heartbeat_s": 0.05, "lease_ttl": 1.0}}
+    real_limiter_actor = shared_limits.limiter_actor
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("GCS unreachable (simulated)")
+
+    with caplog.at_level(logging.ERROR, logger="verl_async_rm.shared_limits"):
+        with RewardAgent(service.reward("a"), config) as agent:
+            monkeypatch.setattr(shared_limits, "limiter_actor", unreachable)
+            ray.kill(live_limiter(endpoint))
+            chunk = agent.get_all(agent.submit([{"solution_str": "x"}] * 300), timeout=60)  # old code: TimeoutError
+            during = agent.metrics()
+            monkeypatch.setattr(shared_limits, "limiter_actor", real_limiter_actor)
+            wait_for(lambda: not agent.metrics()["shared_on_local_limits"], "the job to lease again")
+            again = agent.get_all(agent.submit([{"solution_str": "x"}] * 20), timeout=60)
+            after = agent.metrics()
+    assert chunk.scores == [1.0] * 300 and again.scores == [1.0] * 20
+    assert during["shared_on_local_limits"] and during["shared_local_fallbacks"] == 1
+    assert after["shared_reattached"] >= 1 and after["shared_slots"] >= 1
+    assert service.peak <= 3  # its own max_concurrency held while on local limits
+    assert any("falls back to its own limits" in r.getMessage() for r in caplog.records)
+    ray.kill(live_limiter(endpoint))
+
+
+def test_a_job_that_finds_its_limiter_dead_sends_nothing_new_until_it_registers_again(ray_session, monkeypatch):
+    """The next limiter knows nothing of the old grants (it may hand this job's slots to another job
+    at once), so a job that finds its limiter dead stops sending until it has registered with the
+    next one. Here re-creating the limiter takes 2 s (patched): no request may start from shortly
+    after the kill (the death is noticed within a heartbeat, 0.05 s; 0.5 s allowed on a loaded
+    machine) until then. Run over several kills. (Before: the job kept sending on its dead grant.)"""
+    import ray
+
+    from verl_async_rm import shared_limits
+
+    real_limiter_actor = shared_limits.limiter_actor
+
+    def slow_limiter_actor(*args, **kwargs):
+        time.sleep(2.0)
+        return real_limiter_actor(*args, **kwargs)
+
+    service = Service(latency=0.01)
+    endpoint = "t-dead-grant"
+    config = {"max_concurrency": 4, "shared_limits": {"endpoint": endpoint, "heartbeat_s": 0.05, "lease_ttl": 10.0}}
+    with RewardAgent(service.reward("a"), config) as agent:
+        monkeypatch.setattr(shared_limits, "limiter_actor", slow_limiter_actor)
+        for kill in range(1, 4):
+            ticket = agent.submit([{"solution_str": "x"}] * 1_000)  # far more than 2 s of work at 4 x 10 ms
+            time.sleep(0.2)
+            ray.kill(wait_for(lambda: live_limiter(endpoint), "a limiter to kill"))
+            killed = time.monotonic()
+            wait_for(lambda: agent.metrics()["shared_reattached"] >= kill, "the job to register again")
+            started = [t - killed for _, t in service.calls if t > killed]
+            assert not [t for t in started if 0.5 < t < 1.8], f"requests started while the limiter was dead: {started[:5]}"
+            assert agent.get_all(ticket, timeout=60).scores == [1.0] * 1_000
+    ray.kill(live_limiter(endpoint))

@@ -50,9 +50,9 @@ from verl_async_rm.engine.group_judge import (
 )
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
-from verl_async_rm.engine.spend import Spending
+from verl_async_rm.engine.spend import Spending, budget_estimator
 from verl_async_rm.engine.verdicts import VerdictBook
-from verl_async_rm.limits import approx_tokens, strict_bucket
+from verl_async_rm.limits import approx_tokens, checked_estimate, strict_bucket
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.normalize import normalize_group_scores
@@ -138,16 +138,21 @@ class ScoringEngine:
             cap=config.max_concurrency, max_pause=config.backoff_max, default_pause=config.backoff_initial,
             enabled=config.adaptive_concurrency,
         ))
-        token_estimator = token_estimator or approx_tokens
+        rate_estimator = token_estimator or approx_tokens
         if reward.is_group_judge:  # one request per group (engine/group_judge.py)
             check_group_judge_config(reward, config.executor, config.cache)
-            calls, token_estimator = group_executor(reward, config.sync_workers, loop), group_tokens(token_estimator)
+            rate_estimator = group_tokens(rate_estimator)
+            token_estimator = group_tokens(token_estimator) if token_estimator is not None else None
+        # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py). A
+        # budget nothing can estimate is refused here, before any worker starts (engine/spend.py).
+        self.spend = Spending(config, budget_estimator(reward, token_estimator, config))
+        if reward.is_group_judge:
+            calls = group_executor(reward, config.sync_workers, loop)
         else:
             calls = executor_for(reward, config.executor, config.sync_workers, loop)
-        # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py).
-        self.spend = Spending(config, token_estimator)
         self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
         self.budget_error: BudgetExceeded | None = None
+        self._budget_stop: asyncio.Task | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -162,7 +167,7 @@ class ScoringEngine:
             max_throttled_s=config.max_throttled_s,
             rpm=strict_bucket(config.requests_per_minute) if config.requests_per_minute else None,
             tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
-            token_estimator=token_estimator,
+            token_estimator=checked_estimate(rate_estimator, "token_estimator"),
             cache=ResultCache(config.cache_size) if config.cache else None,
             spend=self.spend,
             on_budget_spent=self._budget_spent,
@@ -741,7 +746,19 @@ class ScoringEngine:
             if self.verdicts is not None:
                 self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
         _log.error("reward agent: %s; %d samples refused", message, len(refused))
-        self._fail_all(BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')"))
+        error = BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')")
+        # Groups already judged (and paid for) whose group hook is still running are handed out
+        # first: failing now would cancel their hooks and drop them, neither returned nor refused.
+        hooks = [task for run in self.tickets.values() for task in run.hooks] + list(self.stream_hooks)
+        if not hooks:
+            self._fail_all(error)
+            return
+
+        async def fail_once_hooks_end() -> None:
+            await asyncio.wait(hooks)  # each bounded by hook_timeout and the deadline (_post_process)
+            self._fail_all(error)
+
+        self._budget_stop = self.loop.create_task(fail_once_hooks_end())  # held: the loop keeps only weak references
 
     # -- failing everything ---------------------------------------------------------------------------
     def _systemic_failure(self, message: str, budget: bool = False) -> None:

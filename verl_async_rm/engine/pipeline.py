@@ -63,7 +63,7 @@ class Sample:
     sample in error messages (``owner.describe(item)``, only called on error)."""
 
     __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key",
-                 "group_call", "reservation", "log_key")
+                 "group_call", "reservation", "log_key", "tokens", "input_estimate")
 
     def __init__(self, item: RewardItem, owner: Any):
         self.item = item
@@ -78,6 +78,8 @@ class Sample:
         self.group_call: Any = None  # a group judge's call standing for this sample (engine/group_judge.py)
         self.reservation = None  # its budget reservation while an attempt is in flight (engine/spend.py)
         self.log_key: str | None = None  # its verdict-log request key (engine/verdicts.py)
+        self.tokens: float | None = None  # its tokens for tokens_per_minute, once estimated
+        self.input_estimate: int | None = None  # its input tokens for a budget's reservation, once estimated
 
     def where(self) -> str:
         return self.owner.describe(self.item)
@@ -252,13 +254,23 @@ class RequestPipeline:
             if rpm is not None:
                 delay = max(delay, rpm.wait_time(now))
             if tpm is not None:
-                tokens = float(self.token_estimator(sample.item))
+                if sample.tokens is None:
+                    try:
+                        sample.tokens = self.token_estimator(sample.item)  # checked (limits.checked_estimate)
+                    except Exception as exc:  # noqa: BLE001 - the user's estimator: refused, never sent
+                        self._refuse(sample, exc)
+                        continue
+                tokens = sample.tokens
                 delay = max(delay, tpm.wait_time(now, tokens))
             if delay > 0:
                 self._wake_after(now, delay)
                 return
             if self.budgeted:
-                admitted = self.spend.admit(sample)
+                try:
+                    admitted = self.spend.admit(sample)
+                except Exception as exc:  # noqa: BLE001 - the user's (or the reward's) estimate: refused, never sent
+                    self._refuse(sample, exc)
+                    continue
                 if not admitted:
                     if admitted is None:  # nothing in flight can free room: the budget is spent
                         self.on_budget_spent(sample)
@@ -271,6 +283,12 @@ class RequestPipeline:
             self._start(sample, now)
         if self.in_flight == 0:
             flow.on_backlog_cleared()
+
+    def _refuse(self, sample: Sample, error: BaseException) -> None:
+        """A sample whose token estimate is unusable fails as ``invalid`` without being sent (a
+        systematically bad estimator trips the failure budgets, loudly)."""
+        self.queue.popleft()
+        self._finish(sample, Failed("invalid", f"{sample.where()} not sent: {type(error).__name__}: {error}", sample.attempts))
 
     def _wake_after(self, now: float, delay: float) -> None:
         at = now + delay

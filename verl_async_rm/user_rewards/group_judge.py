@@ -21,7 +21,7 @@ import re
 import openai
 
 from verl_async_rm.outcome import RewardFunctionError
-from verl_async_rm.user_rewards.llm_judge import MalformedJudgeReply, client_settings
+from verl_async_rm.user_rewards.llm_judge import MalformedJudgeReply, client_settings, prompt_token_bound
 
 SYSTEM_PROMPT = (
     "You are a strict grader. For each candidate, compare its final answer with the reference answer. "
@@ -64,6 +64,10 @@ class GroupJudgeReward:
             raise MalformedJudgeReply(f"judge body is not a chat completion: {type(exc).__name__}: {exc}") from None
         verdicts = parse_verdicts(content, len(group))
         return [{"score": v, "judge_reply": content} for v in verdicts]
+
+    def estimate_input_tokens(self, group) -> int:
+        """What a budget reserves for one call's input: the whole prompt (``llm_judge.prompt_token_bound``)."""
+        return prompt_token_bound(build_group_messages(group))
 
     async def aclose(self) -> None:
         await self.client.close()

@@ -43,6 +43,26 @@ def build_messages(solution_str: str, ground_truth) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
+# Chat-template tokens around each message (role, separators) and before the reply: OpenAI's count
+# is 3 per message + 3; Llama 3's and ChatML's templates use 4-5. 8 covers them with room to spare.
+TEMPLATE_TOKENS = 8
+
+
+def prompt_token_bound(messages: list[dict]) -> int:
+    """An upper bound of the input tokens ``messages`` cost: byte-level BPE tokenizers (OpenAI's,
+    Llama 3's, Qwen's; SentencePiece with byte fallback) never make a token of less than one UTF-8
+    byte, so the text's byte length bounds its tokens, whatever the language. (About 4x the true count
+    for English: a budget reserves that much more per request in flight, and gets it back when the
+    judge reports its usage. Pass a tokenizer-exact ``token_estimator`` to the agent for a tighter fit.)"""
+    return sum(len(str(m["content"]).encode("utf-8", "surrogatepass")) + TEMPLATE_TOKENS for m in messages) + TEMPLATE_TOKENS
+
+
+def estimate_input_tokens(data_source, solution_str, ground_truth, extra_info=None) -> int:
+    """What a budget reserves for one request's input: the whole judge prompt (``build_messages``),
+    not only the response. The agent reads it as the reward's ``estimate_input_tokens``."""
+    return prompt_token_bound(build_messages(solution_str, ground_truth))
+
+
 def parse_score(content) -> float:
     try:
         score = float(str(content).strip())
@@ -90,6 +110,9 @@ async def compute_score(
         return await judge_once(client, model, solution_str, ground_truth)
 
 
+compute_score.estimate_input_tokens = estimate_input_tokens  # a function reward's estimate (engine/spend.py)
+
+
 class JudgeReward:
     """Stateful judge: one client shared by every request of the agent."""
 
@@ -99,6 +122,9 @@ class JudgeReward:
 
     async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None):
         return await judge_once(self.client, self.model, solution_str, ground_truth)
+
+    def estimate_input_tokens(self, data_source, solution_str, ground_truth, extra_info=None) -> int:
+        return estimate_input_tokens(data_source, solution_str, ground_truth, extra_info)
 
     async def aclose(self) -> None:
         """Called by the agent when it closes: release the connection pool on the agent's loop."""
