@@ -136,10 +136,6 @@ class Prices:
         return (input_tokens * float(self.input_per_million) + output_tokens * float(self.output_per_million)) / MILLION
 
 
-class BudgetExhausted(Exception):
-    """Internal signal: a request cannot fit the budget and nothing in flight can free room."""
-
-
 class CostLedger:
     """Charged and reserved tokens against an optional token and money budget."""
 

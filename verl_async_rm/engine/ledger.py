@@ -37,14 +37,6 @@ class GroupResult:
     ready_at: float = 0.0  # the agent's clock when it became ready (comparable within one machine)
 
 
-def group_key(uid: Hashable | None, index: int, group_size: int) -> Hashable:
-    if uid is not None:
-        return ("uid", uid)
-    if group_size != 1:
-        raise ValueError(f"sample {index} has no uid, but group_size={group_size}: a uid is needed to form groups")
-    return ("sample", index)
-
-
 class Group:
     """The members of one group and their outcomes. ``expected``: the size that closes it."""
 
@@ -114,7 +106,6 @@ class TicketLedger:
         self.open = open
         self._groups: dict[Hashable, Group] = {}
         self._group_of: dict[int, Group] = {}
-        self._unsettled_groups = 0
         self._ready: deque[GroupResult] = deque()
         self.total_groups = 0
         self.total_samples = 0
@@ -165,7 +156,6 @@ class TicketLedger:
             if group is None:
                 group = self._groups[key] = Group(key, sizes[key])
                 self.total_groups += 1
-                self._unsettled_groups += 1
             for index in indices:
                 group.add(index)
                 self._group_of[index] = group
@@ -178,7 +168,6 @@ class TicketLedger:
         settled = []
         for group in self._groups.values():
             if not group.closed and group.close():
-                self._unsettled_groups -= 1
                 settled.append(group.settled())
         return settled
 
@@ -190,7 +179,6 @@ class TicketLedger:
             raise KeyError(f"sample index {index} is not part of this ticket")
         if not group.settle(index, outcome):
             return None
-        self._unsettled_groups -= 1
         return group.settled()
 
     def is_settled(self, index: int) -> bool:
@@ -199,13 +187,6 @@ class TicketLedger:
     def group_of(self, index: int) -> Group:
         """The group sample ``index`` belongs to (its ``closed``: the membership is final)."""
         return self._group_of[index]
-
-    @property
-    def all_settled(self) -> bool:
-        return not self.open and self._unsettled_groups == 0
-
-    def unsettled_indices(self) -> list[int]:
-        return [i for i, group in self._group_of.items() if not group.is_settled(i)]
 
     # -- handing out ----------------------------------------------------------------------------
     def mark_ready(self, group: GroupResult) -> None:

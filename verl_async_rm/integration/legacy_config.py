@@ -54,14 +54,6 @@ def legacy_selector(config: DictConfig) -> str | None:
     return node
 
 
-def legacy_reward_function(config: DictConfig) -> dict:
-    """The non-None keys of the top-level ``custom_reward_function`` block."""
-    node = _get(config, "custom_reward_function")
-    if not isinstance(node, DictConfig):
-        return {}
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if v is not None}
-
-
 def selects_async_agent(config: DictConfig) -> bool:
     """Whether this run uses ``async_agent``, by the legacy selector or the current one."""
     return legacy_selector(config) == ASYNC_AGENT or _get(config, "reward.reward_manager.name") == ASYNC_AGENT
