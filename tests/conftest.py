@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -31,6 +32,13 @@ def gsm8k_path() -> Path:
     if not GSM8K_TEST.exists():
         pytest.fail(f"GSM8K test split not found at {GSM8K_TEST}: ../shared must sit beside the repo")
     return GSM8K_TEST
+
+
+# Hypothesis: no wall-clock deadline per example and no "too slow" health check. On a loaded machine both
+# fail tests whose property holds (an example taking 250 ms instead of 50 is no bug); a broken property
+# still fails on its counterexample. Tests set max_examples themselves.
+settings.register_profile("verl_async_rm", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("verl_async_rm")
 
 
 # Every test is in exactly one tier (pyproject.toml's markers): what it may start decides it.
