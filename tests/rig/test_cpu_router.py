@@ -210,7 +210,8 @@ def test_a_relay_to_an_engine_hosted_elsewhere_generates_and_imports_neither_tor
         state = host.engine.model.state_dict()
         assert asyncio.run(host.call("update_weights", state, 3)) == len(state)
         asyncio.run(host.call("sleep"))
-        assert ray.get(relay.get_state.remote()) == {"global_steps": 3, "weight_updates": 1, "awake": []}
+        assert ray.get(relay.get_state.remote()) == {"global_steps": 3, "weight_updates": 1, "awake": [], "paused": False,
+                                                         "aborted_requests": 0, "resumed_requests": 0}
         with pytest.raises(RuntimeError, match="while asleep"):
             ray.get(relay.generate.remote("late", [1, 2], sampling))
     finally:

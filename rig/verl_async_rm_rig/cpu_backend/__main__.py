@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from .launch import DEFAULT_ENTRY, REWARD_KEY, CPURunConfig, run
+from .launch import DEFAULT_ENTRY, REWARD_KEY, SEPARATE_ASYNC_REFUSAL, CPURunConfig, run, v1_trainer_mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--num-cpus", type=int, default=8)
     p.add_argument("--v1-poll-interval", type=float, help="v1: poll rollouts every N s, not verl's 2 s")
+    p.add_argument("--decode-s", type=float, default=0.0,
+                   help="simulated decode seconds per token (a GPU's), e.g. 0.02: colocate_async then aborts "
+                        "and resumes the rollouts still running at each step's sample")
     p.add_argument("-v", "--verbose", action="store_true", help="echo the trainer's output")
     args, overrides = p.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
@@ -67,8 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         verbose=args.verbose,
         v1_poll_interval_s=args.v1_poll_interval,
+        decode_s=args.decode_s,
     )
-    result = run(cfg)
+    if args.trainer == "v1" and v1_trainer_mode(overrides) == "separate_async":
+        p.error(SEPARATE_ASYNC_REFUSAL)  # before any model, data or Ray is built
+    try:
+        result = run(cfg)
+    except ValueError as exc:  # a setting the launcher refuses: named in the message, exit 2
+        p.error(str(exc))
     rewards = result.series(REWARD_KEY)
     if rewards:
         first, last = rewards[0][1], rewards[-1][1]

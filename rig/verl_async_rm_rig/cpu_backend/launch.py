@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV, router
-from .names import LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .names import DECODE_S_ENV, LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
 from .assets import ASSETS_ENV, asset_paths, build_assets_once
 from .finish_marker import FINISHED_ENV
 from .processes import kill_tree, reap_leftovers, run_processes, signal_run
@@ -81,6 +81,10 @@ class CPURunConfig:
     # v1 only: poll TransferQueue every N s instead of verl's fixed 2 s (see v1_sampler.py). None
     # keeps verl's built-in sampler; set e.g. 0.05 when step timings matter (benchmarks).
     v1_poll_interval_s: Optional[float] = None
+    # Seconds of simulated decode time per generated token (names.DECODE_S_ENV; 0: the tiny model's own
+    # speed). verl's colocate_async aborts the requests still generating at each step's sample: with
+    # the tiny model's ~1 ms a token almost none are, with a GPU's 10-50 ms many are.
+    decode_s: float = 0.0
     # Wait after the validation before step 1 until RunningTrainer.open_gate() (start_gate.py): lets
     # several runs start up together and then train one at a time (the demo).
     start_gate: bool = False
@@ -170,6 +174,40 @@ def _hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
     raise TypeError(f"cannot express {value!r} as a hydra override")
+
+
+TRAINER_MODE_KEY = "trainer.v1.trainer_mode"
+# Why the CPU backend cannot run verl's separate_async (verl 0.9.1, trainer_separate_async.py): it
+# asserts a checkpoint engine other than "naive" to carry the weights from the trainer's process to
+# rollout replicas in a resource pool of their own (rollout.nnodes/n_gpus_per_node > 0). verl's other
+# engines are GPU transports (nccl and hccl on cupy/torch_npu, nixl, mooncake, kimi) or build on one
+# (delta_sharded), and the rig's hf_cpu rollout hosts each replica's engine in the trainer worker,
+# with one fake GPU for the whole run: no CPU transport, no pool of rollout's own.
+SEPARATE_ASYNC_REFUSAL = (
+    "trainer.v1.trainer_mode=separate_async cannot run on the CPU backend: verl's separate_async needs a "
+    "non-naive checkpoint engine (actor_rollout_ref.rollout.checkpoint_engine.backend: nccl/nixl/mooncake/"
+    "hccl/kimi, all GPU transports) to send weights to rollout replicas in a resource pool of their own "
+    "(actor_rollout_ref.rollout.nnodes and n_gpus_per_node > 0), and the CPU backend has neither a CPU "
+    "weight transport nor a separate rollout pool (its hf_cpu replicas live in the trainer worker, on the "
+    "run's one fake GPU). Use trainer.v1.trainer_mode=colocate_async (partial rollouts, verl's async "
+    "replay buffer) or sync"
+)
+
+
+def v1_trainer_mode(overrides: list[str]) -> str:
+    """The run's ``trainer.v1.trainer_mode`` as hydra will read it from ``overrides`` (the last
+    assignment wins; ``+``/``++`` prefixes allowed), verl's default ``sync`` when none sets it."""
+    mode = "sync"
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+") == TRAINER_MODE_KEY:
+            mode = value.strip().strip("'\"")
+    return mode
+
+
+def fast_poll_sampler(trainer_mode: str) -> str:
+    """v1_sampler's class for the mode: verl's sync ReplayBuffer or its ReplayBufferAsync, polling faster."""
+    return "FastPollReplayBuffer" if trainer_mode == "sync" else "FastPollReplayBufferAsync"
 
 
 def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replica_log: Optional[str] = None,
@@ -267,6 +305,9 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
         ov.append(f"+reward.custom_reward_function.reward_kwargs={_hydra_value(cfg.reward_kwargs)}")
     if cfg.reward_manager:
         ov.append(f"reward.reward_manager.name={cfg.reward_manager}")
+    mode = v1_trainer_mode(cfg.extra_overrides)
+    if cfg.trainer == "v1" and mode == "separate_async":
+        raise ValueError(SEPARATE_ASYNC_REFUSAL)
     if cfg.v1_poll_interval_s is not None and cfg.trainer == "v1":
         if any("filter_groups" in o for o in cfg.extra_overrides):
             raise ValueError("v1_poll_interval_s replaces verl's sampler and does not support algorithm.filter_groups")
@@ -274,7 +315,7 @@ def build_overrides(cfg: CPURunConfig, ray_tmp_dir: Optional[str] = None, replic
 
         ov += [
             f"trainer.v1.sampler.custom_sampler.path={os.path.abspath(v1_sampler.__file__)}",
-            "trainer.v1.sampler.custom_sampler.name=FastPollReplayBuffer",
+            f"trainer.v1.sampler.custom_sampler.name={fast_poll_sampler(mode)}",
             f"+trainer.v1.sampler.sampler_kwargs.poll_interval={cfg.v1_poll_interval_s}",
             f"+trainer.v1.sampler.sampler_kwargs.train_batch_size={cfg.train_batch_size}",
         ]
@@ -332,6 +373,10 @@ def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = Non
     if tmp_dir:
         env[TMP_DIR_ENV] = tmp_dir
     env["VERL_FILE_LOGGER_PATH"] = metrics_path
+    if cfg.decode_s < 0:
+        raise ValueError(f"decode_s must be >= 0 seconds per token, got {cfg.decode_s}")
+    if cfg.decode_s:
+        env[DECODE_S_ENV] = repr(float(cfg.decode_s))
     if not cfg.weight_sync:
         env[NO_WEIGHT_SYNC_ENV] = "1"
     if cfg.light_driver:

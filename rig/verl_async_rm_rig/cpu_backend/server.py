@@ -28,6 +28,15 @@ with five runs starting together) importing verl for two types. So it takes its 
 * Sleep and wake free nothing on CPU but are kept as state, as a GPU engine's memory would be:
   generating while asleep is an error, and every transition is logged (``REPLICA_LOG_ENV``), so tests
   can see whether training ran beside awake replicas.
+* Partial rollouts, as verl's vLLM server does them for its async trainers (``colocate_async``):
+  ``abort_all_requests`` closes the submission gate and stops every unfinished request at its next
+  token, answering it with the tokens (and log-probs) sampled so far and ``stop_reason="aborted"``;
+  requests arriving behind the closed gate wait until ``resume_generation`` (or, with
+  ``reject_request``, are answered aborted at once). verl's ``FullyAsyncLLMServerClient`` then
+  re-submits prompt + partial tokens with the rest of the budget; the server recognises such a
+  continuation and keeps the aborted request's drawn length and its own generator, so the response
+  is the length it would have been, and a deterministic request resumed on unchanged weights samples
+  the very tokens it would have without the abort. Aborts and resumes are logged.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import logging
 import math
 import os
 import random
+import threading
 import time
 from typing import Any, Optional
 
@@ -52,6 +62,10 @@ logger = logging.getLogger(__name__)
 # A request stops after a drawn length in [this fraction of its max tokens, its max tokens]: real
 # responses differ in length; half keeps the toy task's responses long enough to score.
 MIN_LENGTH_FRACTION = 0.5
+
+
+# A row's finish when abort_all_requests stopped it (sample_batch); answered as verl's "aborted".
+ABORTED = "abort"
 
 
 def drawn_length(max_tokens: int, rng: random.Random) -> int:
@@ -119,12 +133,14 @@ def sample_batch(
     pad_id: int,
     on_done=None,
     decode_s: float = 0.0,
+    abort: Optional[threading.Event] = None,
 ) -> list[tuple[list[int], list[float], str]]:
     """Batched autoregressive sampling (left-padded, KV cache); per prompt (ids, log_probs, finish).
     ``on_done(i, result)`` is called as soon as row i finishes (the others keep decoding);
     ``decode_s`` seconds are slept per decoding step (a simulated accelerator's token time).
     ``generator``: one for the batch, or one per row (each row's t-th token is then its own
-    generator's t-th draw, whatever else is in the batch).
+    generator's t-th draw, whatever else is in the batch). ``abort`` set: the rows not finished yet
+    stop before their next token, finishing ``ABORTED`` with what they have (verl's partial rollout).
 
     Log-probs are of the processed distribution (temperature, top-k/p), like vLLM's
     ``processed_logprobs``; the trainer recomputes ``log_softmax(logits / temperature)``, so with
@@ -142,6 +158,11 @@ def sample_batch(
     done = [False] * bsz
     past = None
     for _ in range(max(max_tokens)):
+        if abort is not None and abort.is_set():
+            for i in range(bsz):
+                if not done[i]:
+                    results[i], done[i] = (results[i][0], results[i][1], ABORTED), True
+            break
         out = model(
             input_ids=input_ids, attention_mask=attn, position_ids=position_ids, past_key_values=past, use_cache=True
         )
@@ -186,6 +207,29 @@ def _answer(future: asyncio.Future, value) -> None:
         future.set_result(value)
 
 
+@dataclasses.dataclass
+class _Request:
+    """A queued or running ``generate`` call."""
+
+    batch_key: tuple  # requests of one key share a batch
+    sampling_key: tuple  # (temperature, top_p, top_k)
+    request_id: str
+    prompt: list[int]
+    length: int  # tokens to sample (its drawn length, less what an aborted run of it sampled)
+    answer: asyncio.Future
+    generator: Optional[torch.Generator]  # its own (deterministic, paired draws) or None: the server's
+    alone: bool  # sampled in a batch of its own
+
+
+@dataclasses.dataclass
+class _Resumable:
+    """What an aborted request leaves for its continuation (verl re-submits prompt + partial tokens)."""
+
+    remaining: int  # of its drawn length
+    generator: Optional[torch.Generator]
+    alone: bool
+
+
 # ------------------------------------------------------------------------------------------------
 # the engine (in the trainer worker, or in the replica's actor)
 # ------------------------------------------------------------------------------------------------
@@ -225,9 +269,21 @@ class HFCPUServer:
         self.weight_updates = 0
         self._lock = asyncio.Lock()
         self._warned_keys: set[str] = set()
-        # (batch key, prompt ids, max tokens, answer, own generator or None, sampled alone)
-        self._queue: list[tuple[tuple, list[int], int, asyncio.Future, Optional[torch.Generator], bool]] = []
+        self._queue: list[_Request] = []
         self._drainer: Optional[asyncio.Task] = None
+        # The running batch's abort flag (read by its sampling thread), set by abort_all_requests.
+        self._batch_abort: Optional[threading.Event] = None
+        # The submission gate (verl's vLLM server's): closed by abort_all_requests, opened by
+        # resume_generation; requests arriving while it is closed wait, or are answered aborted.
+        self._gate_open = asyncio.Event()
+        self._gate_open.set()
+        self._rejecting = False
+        self._parked = 0
+        # (sampling key, prompt + partial tokens) -> what aborted requests with that continuation left
+        self._resumable: dict[tuple, list[_Resumable]] = {}
+        self._aborted_rows: list[tuple[str, int]] = []  # (request id, tokens kept) since the last abort call
+        self.aborted_requests = 0
+        self.resumed_requests = 0
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.seed = settings.seed
         self.awake = {"weights", "kv_cache"}  # a fresh engine holds both
@@ -305,6 +361,17 @@ class HFCPUServer:
         for key in set(params) - known - self._warned_keys:
             self._warned_keys.add(key)
             logger.warning("hf_cpu rollout ignores sampling param %r", key)
+        # The gate before the sleep check: verl's async trainers put paused replicas to sleep, and
+        # a request parked behind the gate runs only after the wake-up and the resume.
+        while not self._gate_open.is_set():
+            if self._rejecting:
+                self._log("rejected", request_id=str(request_id))
+                return self._aborted_answer([], [], self.global_steps, params)
+            self._parked += 1
+            try:
+                await self._gate_open.wait()
+            finally:
+                self._parked -= 1
         if self.awake != {"weights", "kv_cache"}:
             self._log("generate_while_asleep", request_id=str(request_id))
             raise RuntimeError(
@@ -313,15 +380,25 @@ class HFCPUServer:
             )
         key = (float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("top_k", -1)))
         prompt = [int(t) for t in prompt_ids]
-        own, lengths, alone = self._request_generator(request_id, key, prompt)
+        budget = self._max_tokens(len(prompt), params)
+        resumed = self._take_resumable(key, prompt)
+        if resumed is not None:
+            own, alone = resumed.generator, resumed.alone
+            length = max(1, min(resumed.remaining, budget))
+            self.resumed_requests += 1
+            self._log("resumed", request_id=str(request_id), prompt_tokens=len(prompt), remaining=length)
+        else:
+            own, lengths, alone = self._request_generator(request_id, key, prompt)
+            length = drawn_length(budget, lengths)
         # A deterministic request is batched alone: its own generator, and no padding from others.
         batch_key = (key, request_id) if alone else key
         future = asyncio.get_running_loop().create_future()
-        length = drawn_length(self._max_tokens(len(prompt), params), lengths)
-        self._queue.append((batch_key, prompt, length, future, own, alone))
+        self._queue.append(_Request(batch_key, key, str(request_id), prompt, length, future, own, alone))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         ids, lps, finish, version = await future
+        if finish == ABORTED:
+            return self._aborted_answer(ids, lps, version, params)
         return GeneratedTokens(
             token_ids=ids,
             log_probs=lps if params.get("logprobs") else None,
@@ -330,19 +407,46 @@ class HFCPUServer:
             extra_fields={"global_steps": version, "finish_reason": finish},
         )
 
+    @staticmethod
+    def _aborted_answer(ids: list[int], lps: list[float], version, params: dict) -> GeneratedTokens:
+        # verl's vLLM server: the tokens so far, stop_reason "aborted" (FullyAsyncLLMServerClient re-submits)
+        return GeneratedTokens(token_ids=list(ids), log_probs=list(lps) if params.get("logprobs") else None,
+                               stop_reason="aborted", num_preempted=0,
+                               extra_fields={"global_steps": version, "finish_reason": ABORTED})
+
+    def _take_resumable(self, key: tuple, prompt: list[int]) -> Optional[_Resumable]:
+        waiting = self._resumable.get((key, tuple(prompt)))
+        if not waiting:
+            return None
+        resumed = waiting.pop(0)
+        if not waiting:
+            del self._resumable[(key, tuple(prompt))]
+        return resumed
+
+    def _leave_resumable(self, request: _Request, ids: list[int]) -> None:
+        """An aborted request's continuation: verl re-submits prompt + ``ids`` (the GRPO group's
+        members of one prompt are exchangeable, so which of them takes an entry does not matter)."""
+        self.aborted_requests += 1
+        self._aborted_rows.append((request.request_id, len(ids)))
+        entry = _Resumable(remaining=request.length - len(ids), generator=request.generator, alone=request.alone)
+        self._resumable.setdefault((request.sampling_key, tuple(request.prompt + ids)), []).append(entry)
+
     async def _drain(self) -> None:
         while self._queue:
             await asyncio.sleep(self.BATCH_WINDOW_S)
-            key = self._queue[0][0]
-            alone = self._queue[0][5]
-            limit = 1 if alone else max(1, int(self.settings.max_num_seqs))
-            batch = [item for item in self._queue if item[0] == key][:limit]
+            if not self._queue:  # abort_all_requests answered them meanwhile
+                break
+            first = self._queue[0]
+            limit = 1 if first.alone else max(1, int(self.settings.max_num_seqs))
+            batch = [item for item in self._queue if item.batch_key == first.batch_key][:limit]
             self._queue = [item for item in self._queue if not any(item is b for b in batch)]
-            temperature, top_p, top_k = key[0] if alone else key
-            if alone:
-                generator = batch[0][4]
+            # Set before the batch even starts, so an abort while it waits for the lock stops it too.
+            abort = self._batch_abort = threading.Event()
+            temperature, top_p, top_k = first.sampling_key
+            if first.alone:
+                generator = first.generator
             else:  # paired draws: every row samples from its own generator
-                generator = [b[4] for b in batch] if self.paired_draws else self.generator
+                generator = [b.generator for b in batch] if self.paired_draws else self.generator
             loop = asyncio.get_running_loop()
             try:
                 async with self._lock:
@@ -351,13 +455,14 @@ class HFCPUServer:
                     def deliver(i, result, batch=batch, version=version):
                         # from the sampling thread: each row answers the moment it is done
                         ids, lps, finish = result
-                        loop.call_soon_threadsafe(_answer, batch[i][3], (list(ids), list(lps), finish, version))
+                        if finish != ABORTED:
+                            loop.call_soon_threadsafe(_answer, batch[i].answer, (list(ids), list(lps), finish, version))
 
                     results = await asyncio.to_thread(
                         sample_batch,
                         self.model,
-                        [b[1] for b in batch],
-                        [b[2] for b in batch],
+                        [b.prompt for b in batch],
+                        [b.length for b in batch],
                         temperature=temperature,
                         top_p=top_p,
                         top_k=top_k,
@@ -367,14 +472,21 @@ class HFCPUServer:
                         pad_id=self.pad_id,
                         on_done=deliver,
                         decode_s=self.decode_s,
+                        abort=abort,
                     )
+                    # Under the lock: once it is free, every row of the batch is answered (abort_all_requests
+                    # and sleep wait on it).
+                    for b, (ids, lps, finish) in zip(batch, results, strict=True):
+                        if finish == ABORTED and not b.answer.done():
+                            self._leave_resumable(b, list(ids))
+                        _answer(b.answer, (list(ids), list(lps), finish, version))  # answered rows keep theirs
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
                 for b in batch:
-                    if not b[3].done():
-                        b[3].set_exception(exc)
+                    if not b.answer.done():
+                        b.answer.set_exception(exc)
                 continue
-            for b, (ids, lps, finish) in zip(batch, results, strict=True):
-                _answer(b[3], (ids, lps, finish, version))  # rows already answered keep their answer
+            finally:
+                self._batch_abort = None
 
     # -- weights -------------------------------------------------------------------------------------
     async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None) -> int:
@@ -402,7 +514,9 @@ class HFCPUServer:
         self.sleeps_since_update = 0
 
     async def get_state(self) -> dict[str, Any]:
-        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates, "awake": sorted(self.awake)}
+        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates, "awake": sorted(self.awake),
+                "paused": not self._gate_open.is_set(), "aborted_requests": self.aborted_requests,
+                "resumed_requests": self.resumed_requests}
 
     # -- control plane: sleep/wake as state (nothing to free on CPU) --------------------------------
     async def wake_up(self, tags: Optional[list[str]] = None) -> None:
@@ -432,14 +546,32 @@ class HFCPUServer:
             await asyncio.sleep(0.01)
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
-        # Requests finish in milliseconds here; there is no partial rollout to save.
-        return {"aborted_count": 0, "request_ids": []}
+        """verl's partial rollout (its vLLM server's ``pause_generation``): close the gate, answer every
+        unfinished request with its tokens so far and ``stop_reason="aborted"``, and return once no
+        batch runs (the weights may change then). The gate stays closed until :meth:`resume_generation`;
+        ``reject_request``: requests arriving meanwhile are answered aborted instead of waiting."""
+        self._gate_open.clear()
+        self._rejecting = reject_request
+        queued, self._queue = self._queue, []
+        for request in queued:  # never started: its continuation is the request itself
+            if not request.answer.done():
+                self._leave_resumable(request, [])
+                _answer(request.answer, ([], [], ABORTED, self.global_steps))
+        if self._batch_abort is not None:
+            self._batch_abort.set()  # the sampling thread stops before its next token
+        await self.wait_for_requests_to_drain()
+        aborted, self._aborted_rows = self._aborted_rows, []
+        self._log("abort", aborted=len(aborted), partial_tokens=[n for _, n in aborted], reject_request=reject_request)
+        return {"aborted_count": len(aborted), "request_ids": [request_id for request_id, _ in aborted]}
 
     async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+        # No verl trainer calls it (its replicas abort all at once); a single request is not stopped.
         return {"aborted": False, "request_id": request_id}
 
     async def resume_generation(self) -> None:
-        return None
+        self._rejecting = False
+        self._gate_open.set()
+        self._log("resume_generation", parked=self._parked)
 
     async def start_profile(self, **kwargs) -> None:
         return None
