@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.rollout_dump import dump_rows
+from tests.helpers.rollout_dump import dump_rows
 from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(1200)]

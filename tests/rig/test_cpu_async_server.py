@@ -24,7 +24,7 @@ from verl_async_rm_rig.cpu_backend.names import DECODE_S_ENV, REPLICA_LOG_ENV
 from verl_async_rm_rig.cpu_backend.server import HFCPUServer, ServerSettings
 from verl_async_rm_rig.cpu_backend.tiny_model import build_tiny_model
 
-pytestmark = pytest.mark.quick
+pytestmark = pytest.mark.local
 MAX_TOKENS = 10
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 PROMPTS = [[1, 87, 85, 201], [1, 87, 85, 259, 201, 288], [1, 90, 91]]

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from verl_async_rm_rig.cpu_backend import v1_sampler
 from verl_async_rm_rig.cpu_backend.launch import SEPARATE_ASYNC_REFUSAL, CPURunConfig, build_overrides
 
-pytestmark = pytest.mark.quick
+pytestmark = pytest.mark.local
 POLL_S = 0.05
 
 
