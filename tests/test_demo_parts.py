@@ -54,6 +54,46 @@ def test_the_first_validation_waits_at_the_gate_and_later_ones_do_not(tmp_path, 
     assert calls == [True, False]
 
 
+def test_a_gated_v1_trainer_stamps_each_steps_start_on_the_wall_clock(tmp_path, monkeypatch):
+    """The step clock (bench/e2e.py's loop time from the gate, and its timeline): one line per
+    on_step_begin, after the gate's passed marker; patched once however often it is installed; a
+    class without the hook (v0's trainer) has no clock."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(start_gate.GATE_ENV, str(gate))
+    begun = []
+
+    class V1Trainer:
+        def _validate(self):
+            return {}
+
+        def on_step_begin(self):
+            begun.append(len(start_gate.read_step_clock(gate)))  # the stamp comes first
+
+    class V0Trainer:
+        def _validate(self):
+            return {}
+
+    module = types.ModuleType("a_trainer_module")
+    module.V1Trainer, module.V0Trainer = V1Trainer, V0Trainer
+    for _ in range(2):  # idempotent
+        start_gate._gate_first_validation(module, "V1Trainer")
+        start_gate._gate_first_validation(module, "V0Trainer")
+    start_gate.open_gate(gate)
+    trainer = V1Trainer()
+    trainer._validate()
+    passed = float(start_gate.passed_marker(gate).read_text())
+    for _ in range(3):
+        trainer.on_step_begin()
+    starts = start_gate.read_step_clock(gate)
+    assert begun == [1, 2, 3] and len(starts) == 3
+    assert passed <= starts[0] <= starts[1] <= starts[2] <= time.time()
+    assert not hasattr(V0Trainer, "on_step_begin")
+    with open(start_gate.step_clock(gate), "a") as f:
+        f.write("17")  # a line cut by a killed writer
+    assert start_gate.read_step_clock(gate) == starts
+    assert start_gate.read_step_clock(tmp_path / "never") == []
+
+
 def test_the_gate_is_installed_only_when_asked(monkeypatch):
     monkeypatch.delenv(start_gate.GATE_ENV, raising=False)
     assert start_gate.install_if_requested() is False
