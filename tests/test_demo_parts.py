@@ -275,6 +275,29 @@ def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
     assert results["baseline"].judge_calls == [(0.3, 0.9), (0.35, 1.6)] and results["both"].judge_calls == []
 
 
+def test_steps_are_drawn_where_the_step_clock_placed_them_and_the_loop_runs_from_the_gate(tmp_path, monkeypatch):
+    """A strategy lane sets up for seconds between its gate and step 1: the loop time counts them, and
+    the timeline draws its steps there, so its judge calls (at their own times from the gate) line up."""
+    import matplotlib.axes
+
+    ModeResult = demo.ModeResult  # noqa: N806
+    late = ModeResult("both", [1.0, 1.0], {"gen": [0.2, 0.2], "reward_wait": [0.0, 0.0], "update_actor": [0.5, 0.5]},
+                      [0.0, 0.0], [0.1, 0.2], judge_calls=[(0.5, 2.5)], step_starts=[2.0, 3.5])
+    unplaced = ModeResult("baseline", [1.0, 1.0], late.phases, [], [0.1, 0.2])
+    assert late.loop_time == 4.5 and unplaced.loop_time == 2.0  # from the gate / the steps' sum where no clock
+    lefts = []
+    barh = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, w, **kw: lefts.append((round(y), kw["left"])) or barh(self, y, w, **kw))
+    demo.draw_timeline({"baseline": unplaced, "both": late}, tmp_path / "t.png")
+    both_lane = [left for lane, left in lefts if lane == 0]  # lanes are drawn bottom-up
+    baseline_lane = [left for lane, left in lefts if lane == 1]
+    assert min(both_lane) == 2.0 and 3.5 in both_lane and max(both_lane) < 4.5
+    assert min(baseline_lane) == 0.0 and 1.0 in baseline_lane
+    report = {"runs": {"both": {"step_times": late.step_times, "phases": late.phases, "blocked": [], "scores": late.scores,
+                                "step_starts": late.step_starts}}}
+    assert demo.results_from_report(report)["both"].step_starts == [2.0, 3.5]
+
+
 @pytest.mark.parametrize("total_gb, available_gb, runs, shared, per_run", [
     (24, 22, 5, 5, 5),  # this project's machines: all five demo lanes start together
     (16, 14, 5, 5, 4),  # a 16 GB laptop: all five on the shared cluster (1.9 GiB a lane measured), not 4 + 1
