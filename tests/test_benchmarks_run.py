@@ -76,3 +76,24 @@ def test_startup_profile_process_names():
     assert process_name(["/venv/bin/python", "-m", "verl_async_rm.main_ppo", "a=b"]) == "python -m verl_async_rm.main_ppo"
     assert process_name(["/venv/bin/python", "-u", "/venv/lib/ray/_private/log_monitor.py", "--x"]) == "log_monitor.py"
     assert process_name(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--a"]) == "raylet"
+
+
+@pytest.mark.slow
+def test_e2e_anchor_plan_from_the_command_line():
+    """bench/e2e.py --anchor --dry-run: issue 43's whole plan (verl's colocate_async with its reward loop
+    and with async_agent, beside stock and this package's strategies, in judge_real too) and its
+    estimate, without running anything; contradictory or bad arguments are refused by name (exit 2)."""
+    def e2e(*args):
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), *args],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    plan = e2e("--anchor", "--dry-run")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    lines = [line.split() for line in plan.stdout.splitlines() if line.startswith("  v1 seed")]
+    assert {line[4] for line in lines} == {"baseline", "both", "tail_auto", "verl_colocate_async", "colocate_async_agent"}
+    assert {line[3] for line in lines} == {"zero", "tail_1x", "heavy_2.5x", "judge_real"}
+    assert "min at" in plan.stdout
+    for bad, named in ((["--anchor", "--quick"], "--anchor"), (["--recommended", "verl_colocate_async", "--dry-run"], "--recommended"),
+                       (["--decode-s", "-1", "--dry-run"], "--decode-s")):
+        refused = e2e(*bad)
+        assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

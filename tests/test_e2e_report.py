@@ -992,6 +992,12 @@ def test_issue_43_goals_are_paired_intervals_against_verls_colocate_async():
     worse = e2e.anchor_goals(slower)
     assert anchor_goal(worse, "loop time <= verl")["pass"] is False
     assert anchor_goal(worse, "reward wait exposed")["pass"] is False  # 1 s of 20 s: 5%
+    # +2.25% on average but noisy (-2%, +6%, +1%, +4%): judged on the upper bound, not the mean
+    noisy = []
+    for seed, ratio in enumerate([0.98, 1.06, 1.01, 1.04]):
+        noisy += anchor_seed(seed, agent_loop=21.0 * ratio)
+    figure = anchor_goal(e2e.anchor_goals(noisy), "loop time <= verl")
+    assert figure["figure"]["mean"] < e2e.GOAL_LOOP_VS_VERL < figure["figure"]["high"] and figure["pass"] is False
     assert not [g for g in met if g["regime"] == "tail_1x" and "goodput" in g["goal"]]  # judge figures: judge_real only
     # one seed: no interval, never a pass
     single = e2e.anchor_goals(anchor_seed(0))
