@@ -664,7 +664,8 @@ def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_
 
 
 # One run's memory beyond a standard run's (demo.RUN_MEMORY_GB): verl's reward loop at its default
-# size starts 7 more reward-loop worker processes, each with verl imported.
+# size starts 7 more reward-loop worker processes, each with verl imported (an estimate from a verl
+# process's resident set, not measured per worker: it only sizes how many runs start up at once).
 REWARD_LOOP_WORKER_GB = 0.35
 
 
