@@ -162,9 +162,11 @@ REWARD_MANAGER = {VERL_COLOCATE: "rate_limited"}  # every other mode: async_agen
 STOCK_COMMAND = {VERL_COLOCATE: 8, AGENT_COLOCATE: 8}
 ANCHOR_MODES = (VERL_COLOCATE, AGENT_COLOCATE)
 # verl's trainer measures the time its step waits for the replay buffer's finished (generated and
-# scored) groups as timing_s/gen; this package's strategies time the wait on rewards alone.
+# scored) groups as timing_s/gen; this package's strategies time the wait on rewards alone, as
+# timing_s/reward_wait (the mini-batch pipeline's takes, the pool's wait for due groups; older
+# trees: the pipeline's async_reward/blocked_s only).
 TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen"}
-OWN_WAIT_KEY = "async_reward/blocked_s"
+OWN_WAIT_KEYS = ("timing_s/reward_wait", "async_reward/blocked_s")
 # The configuration issue 43's goals judge (--recommended), and the others measured against the same
 # thresholds, each on its own row: the measurement decides which one the README recommends.
 RECOMMENDED = AGENT_COLOCATE
@@ -475,7 +477,7 @@ SAME_WORK_KEY = "timing_s/old_log_prob"
 # verl's own: the step's wait for the replay buffer (TRAINER_WAIT_KEY), the final validation's time,
 # and its v1 trainer's staleness and evictions (the anchor modes have no async_rm/ metrics)
 VERL_STALENESS = "training/off_policy/trajectory_staleness/"
-EXTRA_PREFIXES = ("async_rm/", "async_reward/", "val-core/", SAME_WORK_KEY, "timing_s/gen", "timing_s/testing",
+EXTRA_PREFIXES = ("async_rm/", "async_reward/", "val-core/", SAME_WORK_KEY, "timing_s/gen", "timing_s/reward_wait", "timing_s/testing",
                   VERL_STALENESS, "training/rollout_failure/")
 
 
@@ -777,11 +779,12 @@ def validation_rewards(extra: dict) -> tuple[Optional[float], Optional[float]]:
 
 def trainer_wait(mode: str, extra: dict) -> tuple[str, Optional[float]]:
     """(metric, seconds over the run) the trainer itself timed as waiting for rewards: this package's
-    ``async_reward/blocked_s``, or for verl's trainer modes its step's wait for the replay buffer's
-    finished groups (verl times no wait on rewards alone). None where the run logged neither."""
-    key = TRAINER_WAIT_KEY.get(mode, OWN_WAIT_KEY)
-    values = extra.get(key)
-    return key, (float(sum(values)) if values else None)
+    strategies' ``timing_s/reward_wait``, or for verl's trainer modes its step's wait for the replay
+    buffer's finished groups (verl times no wait on rewards alone). None where the run logged none
+    (the stock trainer: its rewards are scored inside generation; its wait is the reference)."""
+    keys = [TRAINER_WAIT_KEY[mode]] if mode in TRAINER_WAIT_KEY else [k for k in OWN_WAIT_KEYS if extra.get(k)] or [OWN_WAIT_KEYS[0]]
+    values = extra.get(keys[0])
+    return keys[0], (float(sum(values)) if values else None)
 
 
 def staleness(extra: dict) -> tuple[Optional[float], Optional[float], Optional[str]]:

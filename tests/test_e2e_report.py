@@ -921,16 +921,24 @@ def test_records_count_the_time_before_step_one_and_take_verls_own_wait_and_stal
     assert (record["staleness_mean"], record["staleness_max"], record["staleness_source"]) == (1.0, 3, "verl")
     assert record["evicted_samples"] == 3 and record["trained_failed_zero"] == 3 and record["judge_server"] == judge
     assert record["reward_manager"] == "rate_limited" and record["val_final_true"] == 0.45
-    ours = record_of(Run("v1", 0, "tail_1x", "both"), e2e.run_settings(Run("v1", 0, "tail_1x", "both"), 0.8, 0.0),
-                     e2e.Outcome(ModeResult("both", [1.0], {"gen": [0.1]}, [0.25], [0.3]), {"async_reward/blocked_s": [0.25]}, 9.0, {}))
-    assert ours["trainer_wait_key"] == "async_reward/blocked_s" and ours["trainer_wait_s"] == 0.25
+    # this package's strategies: the trainer's own timer around its wait on rewards (the pool logs no
+    # blocked_s; the pipeline both); an older tree's pipeline: blocked_s
+    for mode, extra, key in (("tail_auto", {"timing_s/reward_wait": 0.25, "async_rm/pool_wait_s": 0.25}, "timing_s/reward_wait"),
+                             ("both", {"timing_s/reward_wait": 0.25, "async_reward/blocked_s": 0.2}, "timing_s/reward_wait"),
+                             ("both", {"async_reward/blocked_s": 0.25}, "async_reward/blocked_s")):
+        ours = record_of(Run("v1", 0, "tail_1x", mode), e2e.run_settings(Run("v1", 0, "tail_1x", mode), 0.8, 0.0),
+                         e2e.Outcome(ModeResult(mode, [1.0], {"gen": [0.1]}, [0.25], [0.3]), e2e.extra_series([{"step": 1, "data": extra}]), 9.0, {}))
+        assert ours["trainer_wait_key"] == key and ours["trainer_wait_s"] == 0.25
     assert ours["loop_time_s"] == 1.0 and ours["gate_to_first_step_s"] is None  # no clock: the steps' sum
+    stock = record_of(Run("v1", 0, "tail_1x", "baseline"), e2e.run_settings(Run("v1", 0, "tail_1x", "baseline"), 0.8, 0.0),
+                      e2e.Outcome(ModeResult("baseline", [1.0], {"gen": [0.9]}, [], [0.3]), {"timing_s/gen": [0.9]}, 9.0, {}))
+    assert stock["trainer_wait_s"] is None  # the stock trainer's wait is the reference, not an exposure
 
 
 def arec(seed, regime, mode, loop, wait=None, group="", judge=None, failed=None, **kw):
     return {**rec("v1", seed, regime, mode, loop), "group": group, "trainer_wait_s": wait, "judge_server": judge,
             "trained_failed_zero": failed, "step_sum_s": loop - 0.5, "gate_to_first_step_s": 0.3,
-            "trainer_wait_key": e2e.TRAINER_WAIT_KEY.get(mode, e2e.OWN_WAIT_KEY), **kw}
+            "trainer_wait_key": e2e.TRAINER_WAIT_KEY.get(mode, e2e.OWN_WAIT_KEYS[0]), **kw}
 
 
 def anchor_seed(seed, regime="tail_1x", agent_loop=20.0, verl_loop=21.0, agent_wait=0.1, jitter=0.0, judge=None,
