@@ -488,7 +488,8 @@ def main() -> None:
             args.samples = 1_000
         figures = run_fault_suite(samples=args.samples, cap=args.cap, requests_per_minute=args.rpm, progress=True)
         figures["command"] = command
-        _show_and_write(figures, args.out or str(RESULTS / f"fault_suite{quick}.json"))
+        out = args.out or str(RESULTS / "fault_suite.json")
+        _show_and_write(figures, out.replace(".json", "_quick.json") if args.quick else out)
     if args.fault in ("all", "verdict-log-resume"):
         figures = run_verdict_log_resume_fault(**({"groups": 32, "kill_after": (8, 16)} if args.quick else {}))
         figures["command"] = command

@@ -33,10 +33,11 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from verl_async_rm.strategies.plan import StrategyConfig, TrainerShape, plan_mini_batches  # noqa: E402
+from verl_async_rm.integration.settings import settings_from_verl_config  # noqa: E402
 from verl_async_rm.strategies.rewards import BatchRewards  # noqa: E402
 from verl_async_rm.strategies.scheduler import StepScheduler  # noqa: E402
 
-REWARD = str(ROOT / "tests" / "trainer" / "seam_reward.py")
+REWARD = str(ROOT / "tests" / "helpers" / "seam_reward.py")
 PROMPTS, N, MINI = 8, 4, 2
 
 
@@ -97,7 +98,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = OmegaConf.create({"reward": {"custom_reward_function": {"path": REWARD, "name": "delayed"},
                                           "async_agent": {"actor_name": f"order-{uuid.uuid4().hex}"}},
                                "actor_rollout_ref": {"rollout": {"n": N}}})
-    rewards = BatchRewards(config, tokenizer=None)
+    rewards = BatchRewards(settings_from_verl_config(config), tokenizer=None)
     rows = []
     for tail in (float(t) for t in args.tails.split(",")):
         for mode in ("completion", "index"):

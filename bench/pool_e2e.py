@@ -49,8 +49,9 @@ def pool(reports: dict[str, dict]) -> dict:
                 raise ValueError(f"{name} ran {trainer} with C={c} s, another run with {compute[trainer]} s: "
                                  "the judges' latencies differ, so their pairs do not measure one thing")
     records = [{**r, "benchmark_run": name} for name, report in reports.items() for r in report["records"]]
-    pooled = analyse(records)
-    own = {name: analyse(report["records"])["goals"] for name, report in reports.items()}
+    recommended = next((r["recommended"] for r in reports.values() if r.get("recommended")), None)
+    pooled = analyse(records, recommended)
+    own = {name: analyse(report["records"], recommended)["goals"] for name, report in reports.items()}
     for goal in pooled["goals"]:
         goal["per_run"] = {}
         for name, goals in own.items():
@@ -69,6 +70,8 @@ def pool(reports: dict[str, dict]) -> dict:
 def _short(goal: dict) -> str:
     """A goal's figure in a few characters: the median for fractions, the mean for intervals."""
     figure = goal["figure"]
+    if "count" in figure:
+        return str(figure["count"])
     if "median" in figure:
         return f"{figure['median']:+.0%}" if "regime" in figure else f"{figure['median']:.0%}"
     if "mean" in figure:
@@ -96,6 +99,8 @@ def _pairs(goal: dict) -> str:
         return "—"
     if "n" in figure:
         return str(figure["n"])
+    if "count" in figure:
+        return f"{figure['runs']} runs"
     return ", ".join(str(v["n"]) for v in figure.values() if v) or "—"
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_throughput import markdown as agent_markdown  # noqa: E402
 from bench.backpressure import markdown as backpressure_markdown  # noqa: E402
-from bench.e2e import STOCK, goals, timing_table  # noqa: E402
+from bench.e2e import AGENT_COLOCATE, STOCK, VERL_COLOCATE, anchor_goals, goals, timing_table  # noqa: E402
 from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
 from bench.pool_e2e import markdown as pooled_markdown  # noqa: E402
@@ -47,8 +47,8 @@ def focused_markers(name: str) -> tuple[str, str]:
     return f"<!-- e2e {name} tables: python bench/readme_tables.py --write-readme -->", f"<!-- /e2e {name} tables -->"
 
 
-TIMELINE_REGIMES = ("heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
-TIMELINE_MODES = (STOCK, "both", "tail_auto", "tail", "tail_drop")
+TIMELINE_REGIMES = ("judge_real", "heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
+TIMELINE_MODES = (STOCK, "both", "tail_auto", "tail", "tail_drop", VERL_COLOCATE, AGENT_COLOCATE)
 
 
 def tables() -> dict[str, str]:
@@ -76,6 +76,8 @@ def e2e_report(path: Path) -> dict:
     report = json.loads(path.read_text())
     report["timing"] = timing_table(report["records"])
     report["goals"] = goals(report["timing"], report["learning"], report["comparisons"])
+    if report.get("recommended"):  # issue 43's goals against verl's colocate_async (bench/e2e.py --anchor)
+        report["goals"] += anchor_goals(report["records"], report["recommended"])
     return report
 
 
@@ -87,7 +89,9 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
     regime = next(g for g in (*TIMELINE_REGIMES, None) if g is None or any(r["regime"] == g for r in records))
 
     def lanes_of(seed):
-        mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed}
+        # the instant-judge lane: the bound that trained in the drawn regime's group (older reports: the seed's only one)
+        mine = {(r["regime"], r["mode"]): r for r in records if r["trainer"] == trainer and r["seed"] == seed
+                and (r["regime"] != "zero" or (r.get("group") or "") in ("", regime))}
         return {f"{STOCK}, instant judge": mine.get(("zero", STOCK)), **{m: mine.get((regime, m)) for m in TIMELINE_MODES}}
 
     def completeness(seed):  # the seed with the most lanes, then the most lanes with judge calls, then the lowest
@@ -97,7 +101,8 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
     seed = max(sorted({r["seed"] for r in records if r["trainer"] == trainer}), key=completeness)
     lanes = lanes_of(seed)
     results = {name: ModeResult(r["mode"], r["step_times"], r["phases"], r["blocked"] or [], r["scores"],
-                                judge_calls=[tuple(c) for c in r.get("judge_calls") or []])
+                                judge_calls=[tuple(c) for c in r.get("judge_calls") or []],
+                                step_starts=r.get("step_starts") or [])
                for name, r in lanes.items() if r is not None}
     return f"{trainer}, seed {seed}, {regime}", results
 

@@ -38,13 +38,24 @@ import statistics
 from pathlib import Path
 
 
-def latest_run(work: Path, trainer: str, seed: int, regime: str, mode: str) -> Path:
+def run_group(work: Path, run: Path) -> str:
+    """The start-up group a run folder's cached record names ("" where none: a regime's own run, or a
+    benchmark from before each regime's bounds trained in its group)."""
+    record = work / "records" / f"{run.name}.json"
+    return (json.loads(record.read_text()).get("group") or "") if record.exists() else ""
+
+
+def latest_run(work: Path, trainer: str, seed: int, regime: str, mode: str, group: str = "") -> Path:
     """The newest run folder of this cell (folders end in the run key's 10-hex digest, so `both` does
-    not match `both_serial`)."""
+    not match `both_serial`). ``group``: for a zero-latency bound, the regime whose group it trained
+    in (bench/e2e.py trains one per regime); a benchmark from before that has one bound, whatever
+    the group asked."""
     pattern = re.compile(rf"{trainer}_steps\d+_seed{seed}_{re.escape(regime)}_{re.escape(mode)}_[0-9a-f]{{10}}")
     runs = [d for d in work.iterdir() if pattern.fullmatch(d.name) and (d / "metrics-0.jsonl").exists()]
+    if group:
+        runs = [d for d in runs if run_group(work, d) == group] or [d for d in runs if not run_group(work, d)]
     if not runs:
-        raise SystemExit(f"no run of {trainer} seed {seed} {regime} {mode} in {work}")
+        raise SystemExit(f"no run of {trainer} seed {seed} {regime} {mode}{f' in the {group} group' if group else ''} in {work}")
     return max(runs, key=lambda d: (d / "metrics-0.jsonl").stat().st_mtime)
 
 
@@ -57,7 +68,7 @@ def step_metrics(run: Path) -> list[dict]:
 def paired_costs(work: Path, trainer: str, mode: str, regime: str, seeds: list[int]) -> dict[str, list[float]]:
     """timer -> per step, the median over seeds of (this regime's value - the instant judge's)."""
     slow = [step_metrics(latest_run(work, trainer, s, regime, mode)) for s in seeds]
-    fast = [step_metrics(latest_run(work, trainer, s, "zero", mode)) for s in seeds]
+    fast = [step_metrics(latest_run(work, trainer, s, "zero", mode, group=regime)) for s in seeds]
     steps = min(len(run) for run in slow + fast)
     timers = sorted({k for run in slow for step in run for k in step if k.startswith("timing_s/")})
     return {
@@ -81,8 +92,11 @@ def pace_pairs(report: dict, trainer: str, mode: str, regime: str) -> list[dict]
     mode's loop exposed (its loop minus its instant-judge loop) and, of that, what its trainer timed
     as blocked on rewards; the rest is the two runs' other differences (machine pace, CPU taken)."""
     records = [r for r in report["records"] if r["trainer"] == trainer]
-    runs = {(r["seed"], r["mode"]): r for r in records if r["regime"] == regime}
-    bounds = {r["seed"]: r for r in records if r["regime"] == "zero" and r["mode"] == mode}
+    runs = {(r["seed"], r["mode"]): r for r in records if r["regime"] == regime
+            and (regime != "zero" or (r.get("group") or "") != "calibration")}
+    # the bound that trained in this regime's group (bench/e2e.py), or the seed's only one (older reports)
+    bounds = {r["seed"]: r for r in records if r["regime"] == "zero" and r["mode"] == mode
+              and (r.get("group") or "") in ("", regime)}
     out = []
     for seed in sorted({seed for seed, m in runs if m == mode and (seed, "baseline") in runs}):
         mine, stock = runs[seed, mode], runs[seed, "baseline"]

@@ -49,7 +49,7 @@ from verl_async_rm_rig.cpu_backend.launch import (
     toy_reward_path,
 )
 from verl_async_rm_rig.cpu_backend.shared_cluster import SharedCluster
-from verl_async_rm_rig.cpu_backend.start_gate import passed_marker
+from verl_async_rm_rig.cpu_backend.start_gate import passed_marker, read_step_clock
 from verl_async_rm_rig.cpu_backend.toy_task import JUDGE_LOG_ENV
 
 MODES: dict[str, list[str]] = {
@@ -83,9 +83,16 @@ class ModeResult:
     # wall-time breakdown of the run: startup (launch to waiting at the gate), gate_wait, train
     # (gate opened to the trainer's exit: the loop plus shutdown)
     wall: dict[str, float] = field(default_factory=dict)
+    # each step's start, seconds from the loop's start (the gate), by the trainer's step clock
+    # (cpu_backend/start_gate.py; empty where unknown): the steps drawn where they happened
+    step_starts: list[float] = field(default_factory=list)
 
     @property
     def loop_time(self) -> float:
+        """From the gate to the last step's end where the step clock is known (the time before step 1
+        and between steps counts), else the sum of the step times."""
+        if self.step_starts and len(self.step_starts) == len(self.step_times):
+            return float(self.step_starts[-1] + self.step_times[-1])
         return float(sum(self.step_times))
 
 
@@ -189,7 +196,12 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 0.8 + 0.9 * len(results)))
     for lane, (mode, r) in enumerate(reversed(list(results.items()))):
         start = 0.0
+        # where the step clock is known, each step where it happened (the judge calls are drawn at
+        # their own times from the gate: a lane's set-up before step 1 must not shift them)
+        placed = len(r.step_starts) == len(r.step_times)
         for step, total in enumerate(r.step_times):
+            if placed:
+                start = r.step_starts[step]
             cursor = start
             for key in ("gen", "reward_wait", "update_actor"):
                 width = min(r.phases[key][step], start + total - cursor)
@@ -208,7 +220,8 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
             ax.fill_between(times, base, [base + c * scale for c in counts], step="post", color=flight_color,
                             alpha=0.6, linewidth=0)
     ax.set_yticks(range(len(results)), list(reversed(list(results))))
-    ax.set_xlabel("training-loop time (s): each step drawn as generation / waiting on rewards / updates / other")
+    ax.set_xlabel("training-loop time (s) from the start gate: each step drawn as generation / waiting on rewards / "
+                  "updates / other")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), flight_color]]
     labels = ["generation (baseline: incl. in-loop rewards)", "waiting on rewards", "actor updates", "other compute",
               f"judge calls in flight (band height = {peak})"]
@@ -355,6 +368,9 @@ def run_lanes(out: Path, assets: CPURunConfig, modes: list[str], steps: int, see
                     raise RuntimeError(f"the {mode} run failed (rc {result.returncode}); its log is in {out / mode}")
                 loop_start = float(passed_marker(lane.gate).read_text())
                 mode_result = summarize(mode, result, read_judge_calls(out / mode / "judge_calls.jsonl", loop_start))
+                starts = read_step_clock(lane.gate)  # v1's step clock: the loop from the gate, steps where they ran
+                if len(starts) == len(mode_result.step_times):
+                    mode_result.step_starts = [max(0.0, t - loop_start) for t in starts]
                 mode_result.wall = {"startup_s": round(lane.gate_reached_s, 2),
                                     "gate_wait_s": round(lane.gate_opened_s - lane.gate_reached_s, 2),
                                     "train_s": round(lane.ended_s - lane.gate_opened_s, 2),
@@ -396,7 +412,8 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
         "trainer": trainer, "seed": seed,
         "table": rows,
         "runs": {m: {"step_times": r.step_times, "phases": r.phases, "blocked": r.blocked, "scores": r.scores,
-                     "judge_calls": [[round(a, 3), round(b, 3)] for a, b in r.judge_calls], "wall": r.wall}
+                     "judge_calls": [[round(a, 3), round(b, 3)] for a, b in r.judge_calls], "wall": r.wall,
+                     "step_starts": [round(t, 3) for t in r.step_starts]}
                  for m, r in results.items()},
         "wall_breakdown_s": {"assets_build": built["build_s"], "parallel_startups": parallel_startups},
         "assets_built_by": "the demo" if built["pid"] == os.getpid() else "a run's TaskRunner",
@@ -408,7 +425,8 @@ def run_demo(out: Path, steps: int, latency: tuple[float, float], seed: int, mod
 def results_from_report(report: dict) -> dict[str, ModeResult]:
     """The runs of a demo.json, as drawn (older reports, without judge calls or wall times, too)."""
     return {mode: ModeResult(mode, run_["step_times"], run_["phases"], run_["blocked"], run_["scores"],
-                             [tuple(call) for call in run_.get("judge_calls", [])], run_.get("wall", {}))
+                             [tuple(call) for call in run_.get("judge_calls", [])], run_.get("wall", {}),
+                             run_.get("step_starts") or [])
             for mode, run_ in report["runs"].items()}
 
 

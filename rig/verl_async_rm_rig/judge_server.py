@@ -68,6 +68,7 @@ __all__ = [
     "default_judge",
     "extract_last_number",
     "group_prompt",
+    "lognormal_latency",
     "max_requests_in_window",
 ]
 
@@ -177,6 +178,9 @@ class JudgeServerConfig:
     model: str = "judge-stub"
     # Seconds before answering: a fixed float, or (lo, hi) for uniform [lo, hi].
     latency: float | tuple[float, float] = 0.0
+    # ... or, when set, lognormal given by its median and 99th percentile (p50, p99) seconds: the
+    # heavy tail a hosted judge shows (replaces ``latency``).
+    latency_lognormal: tuple[float, float] | None = None
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0
@@ -228,6 +232,14 @@ class JudgeServerConfig:
             lo = hi = float(lat)
         if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi):
             raise ValueError(f"latency must satisfy 0 <= lo <= hi, got {self.latency!r}")
+        if self.latency_lognormal is not None:
+            quantiles = self.latency_lognormal
+            if not isinstance(quantiles, (list, tuple)) or len(quantiles) != 2:
+                raise ValueError(f"latency_lognormal must be (p50, p99) seconds, got {quantiles!r}")
+            p50, p99 = (float(q) for q in quantiles)
+            if not (math.isfinite(p50) and math.isfinite(p99) and 0 < p50 <= p99):
+                raise ValueError(f"latency_lognormal must satisfy 0 < p50 <= p99, got {quantiles!r}")
+            object.__setattr__(self, "latency_lognormal", (p50, p99))
         rates = self._rates()
         for name, r in rates.items():
             if not (isinstance(r, (int, float)) and 0.0 <= r <= 1.0):
@@ -334,6 +346,15 @@ def retry_after_header(seconds: float, whole_seconds: bool = False) -> float:
     if whole_seconds:
         return float(math.ceil(seconds - 1e-9))
     return math.ceil(seconds * 1000 - 1e-6) / 1000
+
+
+_Z99 = 2.3263478740408408  # the standard normal's 99th percentile (statistics.NormalDist().inv_cdf(0.99))
+
+
+def lognormal_latency(rng: random.Random, p50: float, p99: float) -> float:
+    """A lognormal draw whose median is ``p50`` and 99th percentile ``p99`` (sigma = ln(p99/p50) / z99),
+    the same parametrisation as the CPU backend's simulated judges (cpu_backend/latency.py)."""
+    return p50 * math.exp(math.log(p99 / p50) / _Z99 * rng.gauss(0.0, 1.0))
 
 
 # --------------------------------------------------------------------------- stats
@@ -764,7 +785,10 @@ class JudgeServer:
                 break
             u -= rate
         lat = cfg.latency
-        delay = self._latency_rng.uniform(*lat) if isinstance(lat, tuple) else lat
+        if cfg.latency_lognormal is not None:
+            delay = lognormal_latency(self._latency_rng, *cfg.latency_lognormal)
+        else:
+            delay = self._latency_rng.uniform(*lat) if isinstance(lat, tuple) else lat
         payload: Any = None
         if outcome == "malformed":
             payload = self._fault_rng.choice(cfg.malformed_kinds)
@@ -889,6 +913,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
     p.add_argument("--model", default="judge-stub")
     p.add_argument("--latency", type=_parse_latency, default=0.0, help="seconds: FIXED or LO:HI (uniform)")
+    p.add_argument("--latency-lognormal", type=_parse_latency, default=None, metavar="P50:P99",
+                   help="lognormal latency given by its median and 99th percentile, seconds (replaces --latency)")
     p.add_argument("--rate-429", type=float, default=0.0)
     p.add_argument("--rate-500", type=float, default=0.0)
     p.add_argument("--rate-503", type=float, default=0.0)
@@ -914,6 +940,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=a.port,
             model=a.model,
             latency=a.latency,
+            latency_lognormal=a.latency_lognormal,
             rate_429=a.rate_429,
             rate_500=a.rate_500,
             rate_503=a.rate_503,

@@ -15,17 +15,18 @@ from tests.conftest import ROOT
 
 @pytest.mark.local
 @pytest.mark.parametrize(
-    "script, keys",
+    "script, keys, options",
     [
-        ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}),
-        ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}),
-        ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}),
+        ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}, []),
+        # the HTTP faults (the judge-operations ones: tests/judge_ops/test_fault_suite.py)
+        ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}, ["--fault", "agent"]),
+        ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}, []),
     ],
 )
-def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):
+def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys, options):
     out = tmp_path / "result.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *options],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -45,11 +46,11 @@ def test_startup_profile_names_each_process_of_a_lane(tmp_path):
     written = json.loads(out.read_text())
     names = set(written["by_process"])
     assert {"ray::RewardAgentActor", "ray::WorkerDict", "ray::TaskRunnerHost.run",
-            "python -m verl_async_rm.main_ppo"} <= names, names
+            "python -m verl_async_rm_rig.cpu_backend.entry"} <= names, names
     # the demo's light driver (cpu_backend/light_driver.py): the driver never loaded torch, the
     # TaskRunner's work ran in its host actor, and the check sees torch where it is loaded
     processes = written["by_process"]
-    assert processes["python -m verl_async_rm.main_ppo"]["loading_torch"] == 0
+    assert processes["python -m verl_async_rm_rig.cpu_backend.entry"]["loading_torch"] == 0  # our entry point, as the rig runs it
     assert processes["ray::WorkerDict"]["loading_torch"] >= 1 and processes["ray::TaskRunnerHost.run"]["loading_torch"] == 1
     assert "ray::AsyncRewardTaskRunner.run" not in names
     assert "ray::RewardLoopWorker" not in names  # a strategy run (`both`): the agent scores, verl's would idle
@@ -78,3 +79,25 @@ def test_startup_profile_process_names():
     assert process_name(["/venv/bin/python", "-m", "verl_async_rm.main_ppo", "a=b"]) == "python -m verl_async_rm.main_ppo"
     assert process_name(["/venv/bin/python", "-u", "/venv/lib/ray/_private/log_monitor.py", "--x"]) == "log_monitor.py"
     assert process_name(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--a"]) == "raylet"
+
+
+@pytest.mark.local
+@pytest.mark.slow
+def test_e2e_anchor_plan_from_the_command_line():
+    """bench/e2e.py --anchor --dry-run: issue 43's whole plan (verl's colocate_async with its reward loop
+    and with async_agent, beside stock and this package's strategies, in judge_real too) and its
+    estimate, without running anything; contradictory or bad arguments are refused by name (exit 2)."""
+    def e2e(*args):
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), *args],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    plan = e2e("--anchor", "--dry-run")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    lines = [line.split() for line in plan.stdout.splitlines() if line.startswith("  v1 seed")]
+    assert {line[4] for line in lines} == {"baseline", "both", "tail_auto", "verl_colocate_async", "colocate_async_agent"}
+    assert {line[3] for line in lines} == {"zero", "tail_1x", "heavy_2.5x", "judge_real"}
+    assert "min at" in plan.stdout
+    for bad, named in ((["--anchor", "--quick"], "--anchor"), (["--recommended", "verl_colocate_async", "--dry-run"], "--recommended"),
+                       (["--decode-s", "-1", "--dry-run"], "--decode-s")):
+        refused = e2e(*bad)
+        assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -79,3 +79,26 @@ def test_pace_splits_the_hidden_fraction_into_exposed_and_blocked_time_where_the
     # at zero latency there is no wait to split
     zero = pace_pairs(report, "v1", "both", "zero")
     assert [r["seed"] for r in zero] == [0] and "hidden" not in zero[0]
+
+
+def test_a_regimes_costs_pair_with_the_bound_that_trained_in_its_group(tmp_path):
+    """bench/e2e.py trains a bound per regime, in that regime's start-up group (and a calibration run):
+    a regime's costs and pace pairs take that one, never another group's."""
+    (tmp_path / "records").mkdir()
+    for seed in (0, 1):
+        write_run(tmp_path, f"v1_steps2_seed{seed}_tail_1x_both_{'a' * 10}", [0.3, 0.3])
+        for group, wait, digest in (("tail_1x", 0.1, "b"), ("heavy_2.5x", 9.0, "c")):
+            name = f"v1_steps2_seed{seed}_zero_both_{digest * 10}"
+            write_run(tmp_path, name, [wait, wait])
+            (tmp_path / "records" / f"{name}.json").write_text(json.dumps({"group": group}))
+    costs = paired_costs(tmp_path, "v1", "both", "tail_1x", [0, 1])
+    assert costs["timing_s/reward_wait"] == pytest.approx([0.2, 0.2])
+
+    def record(regime, mode, loop, group=""):
+        return {"trainer": "v1", "seed": 0, "regime": regime, "mode": mode, "loop_time_s": loop, "group": group,
+                "same_work_s": [0.1], "blocked": [0.0]}
+    report = {"records": [record("tail_1x", "baseline", 30.0), record("tail_1x", "both", 12.0),
+                          record("zero", "both", 10.0, "tail_1x"), record("zero", "both", 5.0, "heavy_2.5x"),
+                          record("zero", "baseline", 1.0, "calibration")]}
+    (row,) = pace_pairs(report, "v1", "both", "tail_1x")
+    assert row["hidden"] == pytest.approx((30 - 12) / (30 - 10))

@@ -54,6 +54,47 @@ def test_the_first_validation_waits_at_the_gate_and_later_ones_do_not(tmp_path, 
     assert calls == [True, False]
 
 
+@pytest.mark.local
+def test_a_gated_v1_trainer_stamps_each_steps_start_on_the_wall_clock(tmp_path, monkeypatch):
+    """The step clock (bench/e2e.py's loop time from the gate, and its timeline): one line per
+    on_step_begin, after the gate's passed marker; patched once however often it is installed; a
+    class without the hook (v0's trainer) has no clock."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(start_gate.GATE_ENV, str(gate))
+    begun = []
+
+    class V1Trainer:
+        def _validate(self):
+            return {}
+
+        def on_step_begin(self):
+            begun.append(len(start_gate.read_step_clock(gate)))  # the stamp comes first
+
+    class V0Trainer:
+        def _validate(self):
+            return {}
+
+    module = types.ModuleType("a_trainer_module")
+    module.V1Trainer, module.V0Trainer = V1Trainer, V0Trainer
+    for _ in range(2):  # idempotent
+        start_gate._gate_first_validation(module, "V1Trainer")
+        start_gate._gate_first_validation(module, "V0Trainer")
+    start_gate.open_gate(gate)
+    trainer = V1Trainer()
+    trainer._validate()
+    passed = float(start_gate.passed_marker(gate).read_text())
+    for _ in range(3):
+        trainer.on_step_begin()
+    starts = start_gate.read_step_clock(gate)
+    assert begun == [1, 2, 3] and len(starts) == 3
+    assert passed <= starts[0] <= starts[1] <= starts[2] <= time.time()
+    assert not hasattr(V0Trainer, "on_step_begin")
+    with open(start_gate.step_clock(gate), "a") as f:
+        f.write("17")  # a line cut by a killed writer
+    assert start_gate.read_step_clock(gate) == starts
+    assert start_gate.read_step_clock(tmp_path / "never") == []
+
+
 @pytest.mark.quick
 def test_the_gate_is_installed_only_when_asked(monkeypatch):
     monkeypatch.delenv(start_gate.GATE_ENV, raising=False)
@@ -246,6 +287,30 @@ def test_redraw_draws_the_timeline_from_the_json_alone(tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     results = demo.results_from_report(json.loads((tmp_path / "demo.json").read_text()))
     assert results["baseline"].judge_calls == [(0.3, 0.9), (0.35, 1.6)] and results["both"].judge_calls == []
+
+
+@pytest.mark.quick
+def test_steps_are_drawn_where_the_step_clock_placed_them_and_the_loop_runs_from_the_gate(tmp_path, monkeypatch):
+    """A strategy lane sets up for seconds between its gate and step 1: the loop time counts them, and
+    the timeline draws its steps there, so its judge calls (at their own times from the gate) line up."""
+    import matplotlib.axes
+
+    ModeResult = demo.ModeResult  # noqa: N806
+    late = ModeResult("both", [1.0, 1.0], {"gen": [0.2, 0.2], "reward_wait": [0.0, 0.0], "update_actor": [0.5, 0.5]},
+                      [0.0, 0.0], [0.1, 0.2], judge_calls=[(0.5, 2.5)], step_starts=[2.0, 3.5])
+    unplaced = ModeResult("baseline", [1.0, 1.0], late.phases, [], [0.1, 0.2])
+    assert late.loop_time == 4.5 and unplaced.loop_time == 2.0  # from the gate / the steps' sum where no clock
+    lefts = []
+    barh = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, w, **kw: lefts.append((round(y), kw["left"])) or barh(self, y, w, **kw))
+    demo.draw_timeline({"baseline": unplaced, "both": late}, tmp_path / "t.png")
+    both_lane = [left for lane, left in lefts if lane == 0]  # lanes are drawn bottom-up
+    baseline_lane = [left for lane, left in lefts if lane == 1]
+    assert min(both_lane) == 2.0 and 3.5 in both_lane and max(both_lane) < 4.5
+    assert min(baseline_lane) == 0.0 and 1.0 in baseline_lane
+    report = {"runs": {"both": {"step_times": late.step_times, "phases": late.phases, "blocked": [], "scores": late.scores,
+                                "step_starts": late.step_starts}}}
+    assert demo.results_from_report(report)["both"].step_starts == [2.0, 3.5]
 
 
 @pytest.mark.quick

@@ -26,6 +26,7 @@ from verl_async_rm_rig.judge_server import (
     JudgeServerConfig,
     default_judge,
     extract_last_number,
+    lognormal_latency,
     max_requests_in_window,
 )
 
@@ -126,6 +127,10 @@ def test_default_judge_edge_cases():
         {"malformed_kinds": ("nope",)},
         {"rpm_limit": 0},
         {"hang_seconds": 0},
+        {"latency_lognormal": (0.0, 1.0)},
+        {"latency_lognormal": (2.0, 1.0)},
+        {"latency_lognormal": 0.5},
+        {"latency_lognormal": (0.1, float("inf"))},
     ],
 )
 def test_config_validation(kwargs):
@@ -764,3 +769,46 @@ def test_cli_flow_control_flags():
     bad = subprocess.run([sys.executable, "-m", "verl_async_rm_rig.judge_server", "--error-body-bytes", "5"],
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "error_body_bytes" in bad.stderr
+
+
+@pytest.mark.quick
+def test_lognormal_latency_has_the_quantiles_it_was_given():
+    """bench/e2e.py's judge_real regime gives the server a heavy tail by its p50 and p99: the draws'
+    empirical quantiles match them (20,000 seeded draws: the 99th percentile within 5%)."""
+    import random
+    import statistics
+
+    rng = random.Random("quantiles")
+    draws = sorted(lognormal_latency(rng, 0.1, 1.0) for _ in range(20_000))
+    assert statistics.median(draws) == pytest.approx(0.1, rel=0.05)
+    assert draws[int(0.99 * len(draws))] == pytest.approx(1.0, rel=0.05)
+    assert min(draws) > 0
+    assert {lognormal_latency(rng, 0.3, 0.3) for _ in range(10)} == {0.3}  # p50 == p99: no spread
+
+
+@pytest.mark.local
+def test_lognormal_latency_config_delays_the_answers():
+    """The server sleeps the lognormal draw (it replaces ``latency``); seeded, so the same run twice
+    draws the same delays."""
+    cfg = JudgeServerConfig(latency=5.0, latency_lognormal=(0.05, 0.2), seed=3)
+    assert cfg.latency_lognormal == (0.05, 0.2)
+
+    async def timed(server) -> list[float]:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=10)
+        spent = []
+        for _ in range(8):
+            start = time.monotonic()
+            await client.chat.completions.create(model="m", messages=user("1", "1"))
+            spent.append(time.monotonic() - start)
+        await client.close()
+        return spent
+
+    with JudgeServer(cfg) as server:
+        spent = asyncio.run(timed(server))
+    assert max(spent) < 2.0  # never the fixed 5 s the lognormal replaces
+    import random
+
+    rng = random.Random("3/latency")  # the server's latency stream for seed 3
+    expected = [lognormal_latency(rng, 0.05, 0.2) for _ in range(8)]
+    # each answer took at least its draw (and, on a loaded machine, maybe more)
+    assert all(s >= e - 0.005 for s, e in zip(spent, expected)), (spent, expected)

@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 STEPS = {"v0": 16, "v1": 4}
 RUNS_AT_ONCE = 2  # trainers alive at a time in the shared fixture (train_together)
 REWARD = str(HELPERS / "seam_reward.py")
-TOY = str(Path(ROOT) / "verl_async_rm" / "cpu_backend" / "toy_task.py")
+TOY = str(Path(ROOT) / "rig" / "verl_async_rm_rig" / "cpu_backend" / "toy_task.py")
 SHAPE = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 8 prompts / 2 = 4 mini-batches per step
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

@@ -12,6 +12,12 @@ step 1, which also absorbs the one-time warm-up) writes ``<path>.waiting`` when 
 blocks until ``<path>`` exists. The loop, and every step timer in it, starts after the gate, so the
 wait is not in any step time. Installed by :func:`verl_async_rm_rig.cpu_backend.activate` only when the
 variable is set, and only once the trainer module is imported (no import cost elsewhere).
+
+The step clock: a gated v1 trainer also appends the wall-clock start of each step (its
+``on_step_begin``, the first call inside verl's step timer) to ``<path>.steps``. With the passed
+marker it places every step on the wall clock: what a trainer does between the gate and step 1
+(the strategies' set-up, verl's warm-up batches) is outside every step timer but not outside the
+loop, and the judge calls are drawn where they happened (bench/e2e.py).
 """
 
 from __future__ import annotations
@@ -37,6 +43,20 @@ def passed_marker(gate: str | os.PathLike) -> Path:
     """The file a trainer writes when it passes the gate: the wall-clock time (Unix seconds) its
     training loop starts, which places the run's judge log on its step timeline."""
     return Path(f"{os.fspath(gate)}.passed")
+
+
+def step_clock(gate: str | os.PathLike) -> Path:
+    """The file a gated v1 trainer appends each step's start to: Unix seconds, one a line."""
+    return Path(f"{os.fspath(gate)}.steps")
+
+
+def read_step_clock(gate: str | os.PathLike) -> list[float]:
+    """The steps' start times written so far: whole lines only (a line cut by a killed writer, which
+    may still read as a number, is left out)."""
+    path = step_clock(gate)
+    if not path.exists():
+        return []
+    return [float(line) for line in path.read_text().split("\n")[:-1]]
 
 
 def open_gate(gate: str | os.PathLike) -> None:
@@ -78,6 +98,25 @@ def _gate_first_validation(module: ModuleType, class_name: str) -> None:
 
     _validate._verl_async_rm_gate = True
     cls._validate = _validate
+    if hasattr(cls, "on_step_begin"):  # v1's hook; v0's monolithic fit has none (no step clock there)
+        _stamp_step_starts(cls)
+
+
+def _stamp_step_starts(cls) -> None:
+    original = cls.on_step_begin
+    if getattr(original, "_verl_async_rm_gate", False):
+        return
+
+    @functools.wraps(original)
+    def on_step_begin(self, *args, **kwargs):
+        gate = os.environ.get(GATE_ENV)
+        if gate:
+            with open(step_clock(gate), "a") as f:
+                f.write(f"{time.time()!r}\n")
+        return original(self, *args, **kwargs)
+
+    on_step_begin._verl_async_rm_gate = True
+    cls.on_step_begin = on_step_begin
 
 
 def install_if_requested() -> bool:

@@ -48,6 +48,8 @@ MASTER_ADDRESS: tuple[Entry, ...] = (
 START_GATE: tuple[Entry, ...] = (
     ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._validate", ("self", "merged"), "start_gate.py wraps it"),
     ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer._validate", ("self",), "start_gate.py wraps it"),
+    ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer.on_step_begin", ("self",),
+     "start_gate.py stamps each step's start (the step clock)"),
 )
 # Checked by the light driver's TaskRunnerHost, in its process (the driver itself never imports verl).
 LIGHT_DRIVER: tuple[Entry, ...] = (
