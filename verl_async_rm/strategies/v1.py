@@ -11,7 +11,7 @@ outputs per session is trained whole, exactly as verl trains it (``async_reward/
 With ``off_policy_steps=1`` the next batch is generated and submitted before training on this one.
 
 Underneath it keeps verl's "sync" mode semantics (replay buffer, batch sizes, checkpoints): other mode
-names change those, and "colocate_async" would sleep the replicas mid-step. See docs/v1-trainer-notes.md.
+names change those, and "colocate_async" would sleep the replicas mid-step. See docs/design/v1-trainer.md.
 """
 
 from __future__ import annotations
