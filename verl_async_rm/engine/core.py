@@ -48,7 +48,7 @@ from verl_async_rm.engine.flow import FlowControl, FlowSettings
 from verl_async_rm.engine.group_judge import (
     GroupCall, GroupCallOwner, check_group_judge_config, group_executor, group_tokens, member_outcomes,
 )
-from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
+from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger, stream_key
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending
 from verl_async_rm.engine.verdicts import VerdictBook
@@ -108,7 +108,7 @@ class StreamMember:
         self.sample: Sample | None = None
 
     def describe(self, item: RewardItem) -> str:
-        kind, uid = self.group.key
+        kind, uid = self.group.key[:2]  # a streamed group's key may name its attempt too (stream_key)
         of = f"group {uid!r}" if kind == "uid" else "a sample without uid"
         return f"{self.label} on a sample of {of}"
 
@@ -451,20 +451,23 @@ class ScoringEngine:
     # -- the stream: one sample at a time ------------------------------------------------------------
     def join_group(
         self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
-        answer: Callable[[object], None],
+        answer: Callable[[object], None], session: Hashable | None = None, attempt: Hashable | None = None,
     ) -> None:
         """Score ``item`` as a member of group ``uid`` (expected size ``group_size``); ``answer`` gets
         ``(score, extra)`` once the whole group is resolved, or the exception that ended it. A group
-        that gets no new member for ``group_wait`` seconds is resolved with the members it has."""
+        that gets no new member for ``group_wait`` seconds is resolved with the members it has.
+        ``session``: which of the group's rollouts this sample is (see ``withdraw_from_group``);
+        ``attempt``: which dispatch of the prompt, so that a prompt generated again under the same uid
+        forms a group of its own and never mixes with an earlier attempt's members."""
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
         self._check_budget()
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         now = self.loop.time()
-        key: Hashable = ("uid", uid) if uid is not None else ("sample", object())
+        key: Hashable = stream_key(uid, attempt) if uid is not None else ("sample", object())
         split_before = self.stream.split_groups
-        group, position = self.stream.add(key, group_size if uid is not None else 1)
+        group, position = self.stream.add(key, group_size if uid is not None else 1, session if uid is not None else None)
         if self.stream.split_groups != split_before:
             self.metrics.split_groups += 1
             _log.warning(
@@ -493,7 +496,8 @@ class ScoringEngine:
             owner = GroupCallOwner(self.reward.label, group.key, len(samples), None)
             self.pipeline.enqueue([GroupCall(samples, owner)])
 
-    async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None):
+    async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
+                             session: Hashable | None = None, attempt: Hashable | None = None):
         """``join_group`` for a caller on this loop: awaits the answer."""
         future = self.loop.create_future()
 
@@ -501,8 +505,19 @@ class ScoringEngine:
             if not future.done():
                 future.set_exception(value) if isinstance(value, BaseException) else future.set_result(value)
 
-        self.join_group(item, uid, group_size, group_wait, answer)
+        self.join_group(item, uid, group_size, group_wait, answer, session, attempt)
         return await future
+
+    def withdraw_from_group(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        """Session ``session`` of group ``uid`` (dispatch ``attempt``) ended without a sample for the
+        reward (verl's rollout session failed): the group is whole without it. A group that has every
+        other member is resolved now, not when ``group_wait`` runs out."""
+        group = self.stream.withdraw(stream_key(uid, attempt), session)
+        if group is not None:
+            wait = self.stream_waits.pop(group, None)
+            if wait is not None:
+                wait.cancel()
+            self._close_stream_group(group)
 
     def _close_stream_group(self, group: Group) -> None:
         self.stream_waits.pop(group, None)
@@ -746,6 +761,7 @@ class ScoringEngine:
             effective_cap=self.flow.window or self.config.max_concurrency,
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
+            withdrawn_sessions=self.stream.withdrawn_sessions,
             **self.flow.snapshot(now),
             **self.spend.ledger.snapshot(),
             resumed=self.verdicts.resumed if self.verdicts is not None else 0,
