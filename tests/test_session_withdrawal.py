@@ -285,3 +285,61 @@ def test_the_reward_manager_names_the_session_and_attempt_the_worker_stamped():
     stamped = DataProto(non_tensor_batch={"session_id": np.array([3]), ATTEMPT_KEY: np.array(["a7"], dtype=object)})
     assert AsyncAgentRewardManager._member_of(stamped) == {"session": 3, "attempt": "a7"}
     assert AsyncAgentRewardManager._member_of(DataProto(non_tensor_batch={"session_id": np.array([3])})) == {}
+
+
+# -- an agent that stopped for good stops verl's run --------------------------------------------------
+
+
+def test_the_agent_reports_why_it_stopped_for_good():
+    """Budget spent on the per-sample path: every later sample is refused at once (``BudgetExceeded``),
+    which on verl's modes only fails a rollout session; the agent says it stopped (metrics' "stopped")
+    so the trainer can end the run. A failed sample alone does not stop it."""
+
+    async def reward(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(1)
+        if extra_info.get("fail"):
+            raise ValueError("bad answer")
+        return {"score": 1.0, "usage": {"prompt_tokens": 60, "completion_tokens": 10}}
+
+    async def scenario():
+        config = {"token_budget": 300, "reserve_output_tokens": 10, "failure_policy": "fill", "max_failure_rate": 1.0}
+        async with AsyncRewardAgent(reward, config, token_estimator=lambda item: 60) as agent:
+            await agent.score_in_group({"solution_str": "x", "extra_info": {"fail": True}}, "u0", 1)
+            healthy = agent.metrics()["stopped"]
+            answers = await asyncio.gather(*(agent.score_in_group({"solution_str": str(i), "extra_info": {}}, f"u{i}", 1)
+                                             for i in range(1, 10)), return_exceptions=True)
+            return healthy, answers, agent.metrics()["stopped"]
+
+    healthy, answers, stopped = virtual(scenario)
+    assert healthy is None
+    assert any(isinstance(a, BaseException) for a in answers)
+    assert stopped.startswith("BudgetExceeded: ") and "token_budget 300" in stopped
+
+
+def test_verls_dispatch_ends_the_run_once_the_agent_stopped(monkeypatch):
+    """The trainer's agent-loop manager asks before every dispatch (a step's batch or verl's refill of
+    an evicted group): with the agent stopped it raises the agent's reason instead of generating."""
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+
+    from verl_async_rm.integration.group_size_v1 import AgentLoopManagerTQWithGroupSizes, RewardAgentStopped
+
+    dispatched = []
+
+    class Client:
+        stopped = None
+
+        def metrics(self):
+            return {"stopped": self.stopped}
+
+    monkeypatch.setattr(AgentLoopManagerTQ, "generate_sequences", lambda self, batch: dispatched.append(len(batch)))
+    manager = object.__new__(AgentLoopManagerTQWithGroupSizes)  # verl's __init__ starts the workers
+    manager._agent_settings, manager._client, manager.reward_loop_worker_handles = object(), Client(), ["reward worker"]
+    manager.config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": 4, "val_kwargs": {"n": 1}}}})
+    manager.generate_sequences(TensorDict({}, batch_size=[2]))
+    manager._client.stopped = "BudgetExceeded: token_budget 300 reached"
+    with pytest.raises(RewardAgentStopped, match="token_budget 300 reached"):
+        manager.generate_sequences(TensorDict({}, batch_size=[2]))
+    assert dispatched == [2]

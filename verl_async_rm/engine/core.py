@@ -145,6 +145,9 @@ class ScoringEngine:
         self.spend = Spending(config, token_estimator)
         self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
         self.budget_error: BudgetExceeded | None = None
+        # The first error that stopped scoring for good (budget spent, failures systematic, closed): a
+        # caller with no ticket to fail (verl's per-sample path) asks for it (snapshot's "stopped").
+        self.stopped: BaseException | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -724,6 +727,7 @@ class ScoringEngine:
             if self.verdicts is not None:
                 self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
         _log.error("reward agent: %s; %d samples refused", message, len(refused))
+        self.stopped = self.stopped or self.budget_error
         self._fail_all(BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')"))
 
     # -- failing everything ---------------------------------------------------------------------------
@@ -731,6 +735,7 @@ class ScoringEngine:
         """Failures are systematic: every open ticket and every waiting stream member gets the error."""
         error = FailureBudgetExceeded(message) if budget else RewardError(message)
         _log.error("reward agent: %s", message)
+        self.stopped = self.stopped or error
         self._fail_all(error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -762,6 +767,7 @@ class ScoringEngine:
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
             withdrawn_sessions=self.stream.withdrawn_sessions,
+            stopped=None if self.stopped is None else f"{type(self.stopped).__name__}: {self.stopped}",
             **self.flow.snapshot(now),
             **self.spend.ledger.snapshot(),
             resumed=self.verdicts.resumed if self.verdicts is not None else 0,
@@ -775,6 +781,7 @@ class ScoringEngine:
         if self.closed is not None:
             return 0
         self.closed = AgentClosed("the reward agent was closed")
+        self.stopped = self.stopped or self.closed
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
         if self.shared is not None:

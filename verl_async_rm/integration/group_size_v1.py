@@ -68,12 +68,39 @@ class AgentLoopWorkerTQWithGroupSizes(AgentLoopWorkerTQ.__ray_actor_class__):
                            "reward.async_agent.group_timeout", kwargs.get("session_id"), kwargs.get("uid"))
 
 
+class RewardAgentStopped(RuntimeError):
+    """The agent stopped scoring for good: the run stops at its next dispatch of prompts."""
+
+
 class AgentLoopManagerTQWithGroupSizes(AgentLoopManagerTQ):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = ray.remote(AgentLoopWorkerTQWithGroupSizes)  # verl's __init__ names its own
+        settings = read_run_settings(self.config)  # once, in the trainer's process
+        self._agent_settings = settings.agent if settings.reward_manager == "async_agent" else None
+        self._client = None
+
+    def _refuse_if_the_agent_stopped(self) -> None:
+        """Why here: on verl's per-sample path a reward error only fails its rollout session, and
+        colocate_async/separate_async answer a failed session by evicting its group and dispatching a
+        fresh prompt, which fails the same way: once the agent has stopped for good (budget spent,
+        failures systematic, closed) the run would regenerate without end. Every dispatch (a step's
+        batch, a refill) passes here, in the trainer, so the run ends loudly with the agent's reason."""
+        if self._agent_settings is None or self.reward_loop_worker_handles is None:
+            return
+        if self._client is None:
+            from verl_async_rm.integration.client import connect
+
+            self._client = connect(self._agent_settings)
+        stopped = self._client.metrics().get("stopped")
+        if stopped:
+            raise RewardAgentStopped(
+                f"async_agent stopped scoring ({stopped}); the run stops here, at its next dispatch of prompts "
+                "(verl would otherwise fail, and regenerate, every rollout session whose reward it asks for)"
+            )
 
     def generate_sequences(self, batch: TensorDict):
+        self._refuse_if_the_agent_stopped()
         rollout = self.config.actor_rollout_ref.rollout
         explicit = tu.get(batch, "__rollout_n__", default=None)
         sizes = sessions_per_prompt(len(batch), bool(tu.get(batch, "validate", default=False)),
