@@ -146,10 +146,14 @@ class AsyncRewardAgent:
         return await self.get(ticket, None, timeout)
 
     async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
-                             group_wait: float | None = None) -> tuple[float, dict]:
+                             group_wait: float | None = None, *, session: Hashable | None = None,
+                             attempt: Hashable | None = None) -> tuple[float, dict]:
         _check_group_size(group_size)
         check_uid(uid, "score_in_group")
-        return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait)
+        return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait, session, attempt)
+
+    async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        self.engine.withdraw_from_group(uid, session, attempt)
 
     def cancel(self, ticket: str) -> int:
         return self.engine.cancel(ticket)
@@ -295,11 +299,13 @@ class RewardAgent:
 
     async def ascore_in_group(
         self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1, group_wait: float | None = None,
+        *, session: Hashable | None = None, attempt: Hashable | None = None,
     ) -> tuple[float, dict]:
         """Score one sample as a member of group ``uid`` (expected size ``group_size``); returns its
         ``(score, extra_info)`` once the whole group is resolved (policy, then the group hook). For
         callers that see one sample at a time, such as verl's ``run_single``. A group that stops
-        growing for ``group_wait`` seconds is resolved with the members it has."""
+        growing for ``group_wait`` seconds is resolved with the members it has. ``session`` and
+        ``attempt``: see ``withdraw``."""
         _check_group_size(group_size)
         check_uid(uid, "score_in_group")
         item = as_item(item, 0)
@@ -313,10 +319,17 @@ class RewardAgent:
 
             caller_loop.call_soon_threadsafe(settle)
 
-        self._call(self._engine.join_group, item, uid, group_size, group_wait, deliver)
+        self._call(self._engine.join_group, item, uid, group_size, group_wait, deliver, session, attempt)
         return await answer
 
     score_in_group = ascore_in_group  # the client protocol's name
+
+    async def awithdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        """Session ``session`` of group ``uid`` (dispatch ``attempt`` of its prompt) will never
+        send a sample (its rollout failed): the group is resolved without waiting for it."""
+        self._call(self._engine.withdraw_from_group, uid, session, attempt)
+
+    withdraw = awithdraw  # the client protocol's name
 
     def cancel(self, ticket: str) -> int:
         """Stop scoring ``ticket`` (e.g. a batch that will never be trained on): no further calls

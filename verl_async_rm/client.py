@@ -36,8 +36,14 @@ class RewardClient(Protocol):
         """Counters, latencies, flow-control state."""
 
     async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
-                             group_wait: float | None = None) -> tuple[float, dict]:
-        """One sample, answered once its whole group is resolved."""
+                             group_wait: float | None = None, *, session: Hashable | None = None,
+                             attempt: Hashable | None = None) -> tuple[float, dict]:
+        """One sample, answered once its whole group is resolved (``session``: which rollout of the
+        group it is; ``attempt``: which dispatch of the prompt, a group of its own)."""
+
+    async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        """Session ``session`` of group ``uid`` will send no sample (its rollout failed): the group
+        is resolved with the members it has, without waiting for it."""
 
     def close(self) -> None:
         """Release the agent (the actor: close it for every caller)."""

@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, open_dict
 
-from verl_async_rm.integration.group_sizes import V0_CLASS as GROUP_SIZE_V0_CLASS, V1_CLASS as GROUP_SIZE_V1_CLASS
+from verl_async_rm.integration.group_sizes import select_group_size_manager
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
 from verl_async_rm.integration.settings import RunSettings, read_run_settings
 from verl_async_rm.loader import check_spec
@@ -52,10 +52,9 @@ def prepare(config: DictConfig) -> RunSettings:
             raise ValueError(f"the strategies need agent_loop_manager_class={AGENT_LOOP_CLASS}, not {chosen}")
         with open_dict(config):
             agent.agent_loop_manager_class = AGENT_LOOP_CLASS  # training generation without in-loop rewards
-    elif config.reward.reward_manager.name == "async_agent" and not chosen:
+    else:
         # Stamps each sample with its group's real size, so the per-sample path never waits on a timer.
-        with open_dict(config):
-            agent.agent_loop_manager_class = GROUP_SIZE_V1_CLASS if config.trainer.get("use_v1", True) else GROUP_SIZE_V0_CLASS
+        select_group_size_manager(config)
     return settings
 
 

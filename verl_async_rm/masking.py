@@ -19,8 +19,12 @@ What must hold in verl's config for that to be exact (``check_masking``, at star
   not know (a custom ``register_adv_est``) is refused rather than assumed.
 - a group estimator needs two usable samples for a baseline (verl's GRPO gives a lone sample its raw
   score as advantage), so ``min_group_success >= 2`` with them, and ``<= rollout.n``.
-- the strategies are on: on verl's own per-sample reward loop a reward manager returns one score per
-  sample and cannot remove a sample from verl's loss, so ``mask`` there is refused.
+- the strategies are on: on verl's own per-sample reward loop (v0, and every v1 trainer mode of verl's:
+  ``sync``, ``colocate_async``, ``separate_async``) a reward manager returns one score per sample and
+  cannot remove a sample from verl's loss, so ``mask`` there is refused. verl's only way to drop a
+  sample is a failed rollout session, which ``colocate_async``/``separate_async`` answer by
+  regenerating the whole group (a group judged anew, not a masked sample) and ``sync`` by training
+  the group without it; a reward failing is not a session failing.
 """
 
 from __future__ import annotations
@@ -101,6 +105,11 @@ class MaskShape:
     actor_loss_agg_mode: str = "token-mean"
     use_critic: bool = False
     critic_loss_agg_mode: str = "token-mean"
+    use_v1: bool = True
+    trainer_mode: str = "sync"  # trainer.v1.trainer_mode
+
+    def trainer(self) -> str:
+        return f"trainer.v1.trainer_mode={self.trainer_mode}" if self.use_v1 else "v0 trainer (trainer.use_v1=false)"
 
 
 def mask_shape_from_config(config: Any, masks_loss: bool, min_group_success: int, strategies: bool) -> MaskShape:
@@ -117,6 +126,8 @@ def mask_shape_from_config(config: Any, masks_loss: bool, min_group_success: int
         actor_loss_agg_mode=actor_mode,
         use_critic=needs_critic(estimator, _select(config, "critic.enable")),
         critic_loss_agg_mode=str(_select(config, "critic.loss_agg_mode", actor_mode)),
+        use_v1=bool(_select(config, "trainer.use_v1", True)),
+        trainer_mode=str(_select(config, "trainer.v1.trainer_mode", "sync")),
     )
 
 
@@ -127,10 +138,12 @@ def check_masking(shape: MaskShape) -> None:
     if not shape.strategies:
         raise ValueError(
             "reward.async_agent.failure_policy=mask needs the trainer strategies (mini_batch_pipeline=true or "
-            "off_policy_steps>=1): on verl's own per-sample reward loop a reward manager returns one score per "
-            "sample and cannot take a sample out of verl's loss. Turn a strategy on, or use failure_policy=neutral "
-            "(a failed sample gets its group's mean: zero advantage under a group baseline, but it still counts "
-            "in the loss normalisation and the group's statistics)"
+            f"off_policy_steps>=1). This run trains with verl's own {shape.trainer()}, whose per-sample reward loop "
+            "takes one score per sample and has no way to take a sample out of the loss or its group's statistics: "
+            "verl drops a sample only when its rollout session fails (colocate_async and separate_async then "
+            "regenerate the whole group, sync trains the group without it), never for a failed reward. Turn a "
+            "strategy on, or use failure_policy=neutral (a failed sample gets its group's mean: zero advantage "
+            "under a group baseline, but it still counts in the loss normalisation and the group's statistics)"
         )
     if shape.adv_estimator not in MASKABLE_ESTIMATORS:
         raise ValueError(

@@ -116,12 +116,16 @@ class RewardAgentActor:
         return self._ensure().config.model_dump()
 
     async def join_group(self, subscriber: str, member: int, item: dict, uid: Hashable | None, group_size: int,
-                         group_wait: float | None) -> None:
+                         group_wait: float | None, session: Hashable | None = None, attempt: Hashable | None = None) -> None:
         """Register one sample of group ``uid``; its answer goes to ``subscriber``'s outbox."""
         agent = self._ensure()
         outbox = self._outboxes.setdefault(subscriber, _Outbox())
         _check_group_size(group_size)
-        agent.engine.join_group(as_item(item, 0), uid, group_size, group_wait, lambda value: outbox.put(member, value))
+        agent.engine.join_group(as_item(item, 0), uid, group_size, group_wait, lambda value: outbox.put(member, value),
+                                session, attempt)
+
+    async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        await self._ensure().withdraw(uid, session, attempt)
 
     async def next_answers(self, subscriber: str) -> list[tuple[int, bool, Any]]:
         """The answers waiting for ``subscriber``, as soon as there is at least one."""
@@ -193,17 +197,22 @@ class RayRewardClient:
         return ray.get(self.actor.metrics.remote())
 
     async def score_in_group(self, item: dict, uid: Hashable | None = None, group_size: int = 1,
-                             group_wait: float | None = None) -> tuple[float, dict]:
+                             group_wait: float | None = None, *, session: Hashable | None = None,
+                             attempt: Hashable | None = None) -> tuple[float, dict]:
         member = next(self._members)
         answer = asyncio.get_running_loop().create_future()
         self._waiting[member] = answer
         try:
-            await self.actor.join_group.remote(self._subscriber, member, item, uid, group_size, group_wait)
+            await self.actor.join_group.remote(self._subscriber, member, item, uid, group_size, group_wait, session, attempt)
             if self._receiver is None or self._receiver.done():
                 self._receiver = asyncio.get_running_loop().create_task(self._receive())
             return await answer
         finally:
             self._waiting.pop(member, None)
+
+    async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        """From an event loop (verl's agent-loop worker), like ``score_in_group``."""
+        await self.actor.withdraw.remote(uid, session, attempt)
 
     async def _receive(self) -> None:
         """Collects answers for this process's waiting samples while any are waiting."""

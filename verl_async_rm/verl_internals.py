@@ -77,6 +77,11 @@ INTERNALS: tuple[tuple[str, str, Optional[tuple[str, ...]], str], ...] = (
     (V1_TRAINER, "PPOTrainer.step", ("self", "metrics", "timing_raw"), "v1.py overrides it"),
     (V1_TRAINER, "PPOTrainer.on_init_end", ("self",), "v1.py overrides it"),
     ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopManagerTQ.generate_sequences", ("self", "prompts"), "integration/group_size_v1.py"),
+    ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopWorkerTQ.__ray_actor_class__._run_prompt",
+     ("self", "prompt", "sampling_params", "trajectory", "trace"), "group_size_v1.py overrides it (each dispatch's attempt)"),
+    ("verl.trainer.ppo.v1.agent_loop_tq", "AgentLoopWorkerTQ.__ray_actor_class__._run_agent_loop",
+     ("self", "sampling_params", "trajectory", "agent_name", "trace", "kwargs"),
+     "group_size_v1.py overrides it (a failed session withdrawn)"),
     # -- workers: strategies/workers.py ------------------------------------------------------------------
     ("verl.workers.engine_workers", "ActorRolloutRefWorker.update_actor", ("self", "data"), "workers.py overrides it"),
     ("verl.workers.engine_workers", "TrainingWorker.train_mini_batch", ("self", "data"), "workers.py overrides it"),
@@ -146,6 +151,10 @@ INSTANCE_ATTRIBUTES: tuple[tuple[str, str, str, str, str], ...] = (
     (V1_TRAINER, "PPOTrainer", "kl_ctrl_in_reward", "__init__", "v1.py swaps it for one step"),
     (V1_TRAINER, "PPOTrainer", "trainer_mode", "__init__", "v1.py"),
     (V1_TRAINER, "PPOTrainer", "reward_loop_manager", "_setup", "v1.py hides its handles"),
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopManager", "reward_loop_worker_handles", "__init__",
+     "group_size_v1.py: none, no scoring in the agent loop"),
+    ("verl.experimental.agent_loop.agent_loop", "AgentLoopWorker", "reward_loop_worker_handles", "__init__",
+     "group_size_v1.py: none, no scoring in the agent loop"),
 )
 
 

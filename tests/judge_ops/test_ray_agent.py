@@ -135,3 +135,26 @@ def test_open_tickets_through_the_actor(ray_session):
     rest = client.get(ticket, timeout=10)
     assert rest.indices == [0, 2] and rest.scores == [1.0, 1.0]
     ray_session.kill(client.actor)
+
+
+def test_a_withdrawn_session_closes_its_group_through_the_actor(ray_session):
+    """verl's agent-loop worker withdraws a failed session through the job's actor (another process
+    than the reward-loop workers that joined its siblings): the group is answered at once, not after
+    group_wait (an hour here); a withdrawal for another attempt of the uid changes nothing."""
+    ray = ray_session
+    spec = RewardSpec(str(REWARDS / "examples.py"), "async_plain", {})
+    actor = get_or_create_agent_actor(spec, name="agent-withdrawal")
+    joining, withdrawing = RayRewardClient(actor), RayRewardClient(actor)
+
+    async def scenario():
+        members = [asyncio.ensure_future(joining.score_in_group({"solution_str": "a", "ground_truth": "a"}, "u", 4, 3600.0,
+                                                                session=s, attempt="a2")) for s in range(3)]
+        await withdrawing.withdraw("u", 3, "a1")  # an earlier attempt's session: not this group's
+        await asyncio.sleep(1.0)
+        assert not any(m.done() for m in members)
+        await withdrawing.withdraw("u", 3, "a2")
+        return await asyncio.wait_for(asyncio.gather(*members), 30)
+
+    assert [score for score, _ in asyncio.run(scenario())] == [1.0] * 3
+    assert ray.get(actor.metrics.remote())["withdrawn_sessions"] == 2  # a1's stays pending: a group that never opens
+    ray.kill(actor)

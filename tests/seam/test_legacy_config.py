@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from tests.conftest import REWARDS, ROOT
+from verl_async_rm.integration.group_sizes import V1_CLASS
 from verl_async_rm.integration.legacy_config import (
     exact_spelling,
     legacy_selector,
@@ -161,6 +162,9 @@ def test_stock_main_ppo_runs_async_agent_with_the_legacy_reward(case, stock_runs
     assert reward["reward_manager"]["name"] == "async_agent"
     assert reward["custom_reward_function"] == {"path": EXAMPLES, "name": "plain"}
     assert "legacy reward config moved" in run["stderr"]
+    # exact groups on verl's per-sample path, as through our entry point (integration/group_sizes.py)
+    assert run["config"]["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] == V1_CLASS
+    assert not stock[case]["config"]["actor_rollout_ref"]["rollout"]["agent"].get("agent_loop_manager_class")
     # without us, verl ran its naive manager with its default reward: the silent failure fixed here
     if case != "current_selector_legacy_reward":
         assert stock[case]["config"]["reward"]["reward_manager"]["name"] == "naive"

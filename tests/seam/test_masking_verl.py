@@ -25,6 +25,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import left_right_2_no_padding
 from verl_async_rm.masking import MASKABLE_ESTIMATORS, NO_GROUP_BASELINE
 from verl_async_rm.strategies.plan import BATCH_STATISTIC, GROUP_EXACT, StrategyConfig, TrainerShape, plan_mini_batches
+from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.strategies.rewards import BatchRewards
 from verl_async_rm.strategies.scheduler import StepScheduler
 from verl_async_rm.strategies.v0 import V0Ops
@@ -111,7 +112,7 @@ def run_masked_step(estimator: str, pipeline: bool, seed: int = 0, merge: bool =
     plan = plan_mini_batches(strategy, TrainerShape(train_batch_size=PROMPTS, ppo_mini_batch_size=MINI, rollout_n=N,
                                                     use_critic=use_critic, critic_mini_batch_size=MINI, adv_estimator=estimator))
     plan = dataclasses.replace(plan, merge_ready=merge)
-    rewards = BatchRewards(config, tokenizer=None)
+    rewards = BatchRewards(settings_from_verl_config(config), tokenizer=None)
     requests = [{"index": r, "solution_str": f"r{r}", "ground_truth": scores[r], "data_source": "t", "uid": group_of_row[r],
                  "extra_info": {"fail": r in failing, "delay": 0.001 * (r % 5)}} for r in range(len(batch))]
     pending = rewards.submit(requests)

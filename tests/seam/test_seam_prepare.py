@@ -123,3 +123,46 @@ def test_the_v1_mode_refuses_in_its_constructor_through_verls_own_entry_point():
         config.reward.reward_manager.name = "prime"
     with pytest.raises(ValueError, match="prime"):
         get_trainer_cls("async_reward")(config)
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_verls_own_entry_point_gives_async_agent_exact_groups_in_each_of_verls_modes(mode):
+    """``python -m verl.trainer.main_ppo ... reward.reward_manager.name=async_agent``: the start callback
+    selects the stamping agent-loop manager as our entry point does (each sample's real group size and
+    dispatch, failed sessions withdrawn), so verl's own modes never wait on a timer; a run naming its
+    own manager, the strategies' mode and a run without async_agent are left alone."""
+    from verl_async_rm.integration.stock_entry import AsyncAgentStartCallback
+
+    def started(*overrides):
+        config = verls(*overrides)
+        AsyncAgentStartCallback().on_run_start(config)
+        return config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+
+    agent = "reward.reward_manager.name=async_agent"
+    assert started(agent, f"trainer.v1.trainer_mode={mode}") == V1_CLASS
+    assert started(agent, "trainer.use_v1=false") == V0_CLASS
+    assert started(agent, f"trainer.v1.trainer_mode={mode}", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.M") == "my.M"
+    assert started(agent, "trainer.v1.trainer_mode=async_reward", "+off_policy_steps=1") is None  # the strategies' own
+    assert started(f"trainer.v1.trainer_mode={mode}") is None  # verl's naive manager: untouched
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_mask_is_refused_at_start_on_verls_own_modes_with_the_reason(mode):
+    """verl's modes score one sample per call and drop a sample only when its session fails: mask
+    (a failed reward out of the loss and the group statistics) is refused before any worker starts,
+    naming the run's mode, on both entry points."""
+    from verl_async_rm.integration.settings import read_run_settings
+    from verl_async_rm.integration.stock_entry import AsyncAgentStartCallback
+
+    overrides = ["reward.reward_manager.name=async_agent", f"trainer.v1.trainer_mode={mode}", "+reward.async_agent.failure_policy=mask"]
+    reason = rf"failure_policy=mask needs the trainer strategies .*trainer_mode={mode}.*never for a failed reward"
+    with pytest.raises(ValueError, match=reason):
+        read_run_settings(verls(*overrides))
+    with pytest.raises(SystemExit, match=reason):
+        AsyncAgentStartCallback().on_run_start(verls(*overrides))
+    from tests.helpers.harness import prepared
+
+    with pytest.raises(ValueError, match=reason):
+        prepared(ours(*[o.lstrip("+") for o in overrides]))

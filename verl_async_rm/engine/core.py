@@ -48,7 +48,7 @@ from verl_async_rm.engine.flow import FlowControl, FlowSettings
 from verl_async_rm.engine.group_judge import (
     GroupCall, GroupCallOwner, check_group_judge_config, group_executor, group_tokens, member_outcomes,
 )
-from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger
+from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger, stream_key
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending, budget_estimator
 from verl_async_rm.engine.verdicts import VerdictBook
@@ -110,7 +110,7 @@ class StreamMember:
         self.serial = serial  # names it in the verdict log (a ticket's samples: ticket and index)
 
     def describe(self, item: RewardItem) -> str:
-        kind, uid = self.group.key
+        kind, uid = self.group.key[:2]  # a streamed group's key may name its attempt too (stream_key)
         of = f"group {uid!r}" if kind == "uid" else "a sample without uid"
         return f"{self.label} on a sample of {of}"
 
@@ -153,6 +153,9 @@ class ScoringEngine:
         self.verdicts = VerdictBook(reward, config, loop) if config.verdict_log else None
         self.budget_error: BudgetExceeded | None = None
         self._budget_stop: asyncio.Task | None = None
+        # The first error that stopped scoring for good (budget spent, failures systematic, closed): a
+        # caller with no ticket to fail (verl's per-sample path) asks for it (snapshot's "stopped").
+        self.stopped: BaseException | None = None
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -459,20 +462,23 @@ class ScoringEngine:
     # -- the stream: one sample at a time ------------------------------------------------------------
     def join_group(
         self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
-        answer: Callable[[object], None],
+        answer: Callable[[object], None], session: Hashable | None = None, attempt: Hashable | None = None,
     ) -> None:
         """Score ``item`` as a member of group ``uid`` (expected size ``group_size``); ``answer`` gets
         ``(score, extra)`` once the whole group is resolved, or the exception that ended it. A group
-        that gets no new member for ``group_wait`` seconds is resolved with the members it has."""
+        that gets no new member for ``group_wait`` seconds is resolved with the members it has.
+        ``session``: which of the group's rollouts this sample is (see ``withdraw_from_group``);
+        ``attempt``: which dispatch of the prompt, so that a prompt generated again under the same uid
+        forms a group of its own and never mixes with an earlier attempt's members."""
         if self.closed is not None:
             raise AgentClosed("the reward agent is closed")
         self._check_budget()
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         now = self.loop.time()
-        key: Hashable = ("uid", uid) if uid is not None else ("sample", object())
+        key: Hashable = stream_key(uid, attempt) if uid is not None else ("sample", object())
         split_before = self.stream.split_groups
-        group, position = self.stream.add(key, group_size if uid is not None else 1)
+        group, position = self.stream.add(key, group_size if uid is not None else 1, session if uid is not None else None)
         if self.stream.split_groups != split_before:
             self.metrics.split_groups += 1
             _log.warning(
@@ -501,7 +507,8 @@ class ScoringEngine:
             owner = GroupCallOwner(self.reward.label, group.key, len(samples), None)
             self.pipeline.enqueue([GroupCall(samples, owner)])
 
-    async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None):
+    async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
+                             session: Hashable | None = None, attempt: Hashable | None = None):
         """``join_group`` for a caller on this loop: awaits the answer."""
         future = self.loop.create_future()
 
@@ -509,8 +516,19 @@ class ScoringEngine:
             if not future.done():
                 future.set_exception(value) if isinstance(value, BaseException) else future.set_result(value)
 
-        self.join_group(item, uid, group_size, group_wait, answer)
+        self.join_group(item, uid, group_size, group_wait, answer, session, attempt)
         return await future
+
+    def withdraw_from_group(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
+        """Session ``session`` of group ``uid`` (dispatch ``attempt``) ended without a sample for the
+        reward (verl's rollout session failed): the group is whole without it. A group that has every
+        other member is resolved now, not when ``group_wait`` runs out."""
+        group = self.stream.withdraw(stream_key(uid, attempt), session)
+        if group is not None:
+            wait = self.stream_waits.pop(group, None)
+            if wait is not None:
+                wait.cancel()
+            self._close_stream_group(group)
 
     def _close_stream_group(self, group: Group) -> None:
         self.stream_waits.pop(group, None)
@@ -746,6 +764,7 @@ class ScoringEngine:
             if self.verdicts is not None:
                 self._log_verdict(unsettled, Failed("budget", f"{unsettled.where()}: refused, {message}", unsettled.attempts), now)
         _log.error("reward agent: %s; %d samples refused", message, len(refused))
+        self.stopped = self.stopped or self.budget_error
         error = BudgetExceeded(f"{message}; {len(refused)} samples refused (failure kind 'budget')")
         # Groups already judged (and paid for) whose group hook is still running are handed out
         # first: failing now would cancel their hooks and drop them, neither returned nor refused.
@@ -765,6 +784,7 @@ class ScoringEngine:
         """Failures are systematic: every open ticket and every waiting stream member gets the error."""
         error = FailureBudgetExceeded(message) if budget else RewardError(message)
         _log.error("reward agent: %s", message)
+        self.stopped = self.stopped or error
         self._fail_all(error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -795,6 +815,8 @@ class ScoringEngine:
             effective_cap=self.flow.window or self.config.max_concurrency,
             open_tickets=len(self.tickets),
             open_groups=self.stream.open_groups,
+            withdrawn_sessions=self.stream.withdrawn_sessions,
+            stopped=None if self.stopped is None else f"{type(self.stopped).__name__}: {self.stopped}",
             **self.flow.snapshot(now),
             **self.spend.ledger.snapshot(),
             resumed=self.verdicts.resumed if self.verdicts is not None else 0,
@@ -808,6 +830,7 @@ class ScoringEngine:
         if self.closed is not None:
             return 0
         self.closed = AgentClosed("the reward agent was closed")
+        self.stopped = self.stopped or self.closed
         self._fail_all(self.closed)
         stuck = await self.pipeline.aclose(timeout)
         if self.shared is not None:

@@ -59,7 +59,7 @@ class GroupCallOwner:
         self.label, self.key, self.size, self.ticket = label, key, size, ticket
 
     def describe(self, item: Any) -> str:
-        kind, uid = self.key
+        kind, uid = self.key[:2]  # a streamed group's key may name its attempt too (stream_key)
         of = f"group {uid!r}" if kind == "uid" else "a sample without uid"
         where = f", ticket {self.ticket}" if self.ticket is not None else ""
         return f"{self.label}.{GROUP_METHOD} on {of} ({self.size} samples{where})"

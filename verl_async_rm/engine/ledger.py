@@ -37,6 +37,12 @@ class GroupResult:
     ready_at: float = 0.0  # the agent's clock when it became ready (comparable within one machine)
 
 
+def stream_key(uid: Hashable, attempt: Hashable | None = None) -> Hashable:
+    """A streamed group's key: its uid, and which dispatch of the prompt (verl may generate a prompt
+    again under the same uid: each attempt is a group of its own). ``key[1]`` is the uid either way."""
+    return ("uid", uid) if attempt is None else ("uid", uid, attempt)
+
+
 class Group:
     """The members of one group and their outcomes. ``expected``: the size that closes it."""
 
@@ -250,36 +256,88 @@ class TicketLedger:
 class StreamGroups:
     """Groups assembled one sample at a time (verl's per-sample path): open until they reach their
     size or the caller closes them. A member that arrives after its group was closed short starts a
-    new group under the same key (counted in ``split_groups``): never lost, never waiting forever."""
+    new group under the same key (counted in ``split_groups``): never lost, never waiting forever.
+
+    A member may name its *session* (verl's ``session_id``: one of the ``rollout.n`` rollouts of a
+    prompt). A session that ends without ever handing the reward a sample (its rollout failed) is
+    *withdrawn*: its group's size drops by one, so the group closes with the members it will really
+    get, at once, instead of waiting out a timer. Withdrawal and joining come from different
+    processes in any order: a withdrawal that arrives before its group's first member is kept until
+    the group opens; one for a session that did join changes nothing."""
+
+    # Withdrawals for groups not open (not yet, or never: every session failed, or the group closed
+    # before a late one came): bounded, the oldest forgotten first. A forgotten one can only make a
+    # group wait for its timer, never mix groups.
+    MAX_PENDING_WITHDRAWALS = 100_000
 
     def __init__(self) -> None:
         self._open: dict[Hashable, Group] = {}
         self._closed_short: dict[Hashable, None] = {}  # keys closed before their size, recent first-in
+        self._joined: dict[Hashable, set] = {}  # sessions that joined, per open group
+        self._withdrawn: dict[Hashable, set] = {}  # sessions that never will, per open group
+        self._pending: dict[Hashable, set] = {}  # withdrawals for groups not open
         self.split_groups = 0
+        self.withdrawn_sessions = 0  # withdrawals that shrank a group (or will, when it opens)
 
-    def add(self, key: Hashable, size: int) -> tuple[Group, int]:
-        """Join group ``key`` (expected ``size``); returns the group and the member's position."""
+    def add(self, key: Hashable, size: int, session: Hashable | None = None) -> tuple[Group, int]:
+        """Join group ``key`` (expected ``size``, less its withdrawn sessions); returns the group and
+        the member's position."""
         group = self._open.get(key)
         if group is None:
             if key in self._closed_short:
                 del self._closed_short[key]
                 self.split_groups += 1
-            group = self._open[key] = Group(key, size)
+            withdrawn = self._pending.pop(key, set())
+            if session in withdrawn:  # it did hand a sample over after all: it counts
+                withdrawn.discard(session)
+                self.withdrawn_sessions -= 1
+            group = self._open[key] = Group(key, max(1, size - len(withdrawn)))
+            self._joined[key], self._withdrawn[key] = set(), withdrawn
+        elif session is not None and session in self._withdrawn[key]:
+            self._withdrawn[key].discard(session)
+            self.withdrawn_sessions -= 1
+            group.expected += 1
+        if session is not None:
+            self._joined[key].add(session)
         position = len(group.members)
         group.add(position)
         if group.closed:
-            del self._open[key]
+            self._forget(key)
         return group, position
+
+    def withdraw(self, key: Hashable, session: Hashable) -> Group | None:
+        """Session ``session`` of group ``key`` will never join. Returns the open group when it now
+        has every member it will get (the caller closes it: ``close``), else None."""
+        group = self._open.get(key)
+        if group is None:
+            pending = self._pending.setdefault(key, set())
+            if session not in pending:
+                pending.add(session)
+                self.withdrawn_sessions += 1
+            while len(self._pending) > self.MAX_PENDING_WITHDRAWALS:
+                self.withdrawn_sessions -= len(self._pending.pop(next(iter(self._pending))))
+            return None
+        if session in self._joined[key] or session in self._withdrawn[key]:
+            return None
+        self._withdrawn[key].add(session)
+        self.withdrawn_sessions += 1
+        group.expected -= 1
+        return group if len(group.members) >= group.expected else None
 
     def close(self, group: Group) -> bool:
         """Close a group short of its size; True if that settles it."""
         if self._open.get(group.key) is group:
-            del self._open[group.key]
+            self._forget(group.key)
             if len(group.members) < group.expected:
                 self._closed_short[group.key] = None
                 if len(self._closed_short) > 100_000:  # bounded memory: forget the oldest
                     del self._closed_short[next(iter(self._closed_short))]
         return group.close()
+
+    def _forget(self, key: Hashable) -> None:
+        del self._open[key]
+        self._joined.pop(key, None)
+        self._withdrawn.pop(key, None)
 
     @property
     def open_groups(self) -> int:

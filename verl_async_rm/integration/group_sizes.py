@@ -9,8 +9,11 @@ training and ``val_kwargs.n`` times for validation, then pads validation batches
 v1 runs ``__rollout_n__`` sessions per prompt (default ``n`` or ``val_kwargs.n``). The agent-loop
 manager sees the whole batch, so our subclasses (``group_size_v0``, ``group_size_v1``) count and
 stamp ``GROUP_SIZE_KEY``: every prompt column reaches the reward as a column of its one-row batch.
-``main_ppo`` selects them (verl's ``agent_loop_manager_class``) when the ``async_agent`` manager
-scores inside the agent loop. This module is light: the entry point imports it before verl.
+``main_ppo`` and verl's own entry point (``stock_entry``) select them (verl's
+``agent_loop_manager_class``, ``select_group_size_manager``) when the ``async_agent`` manager scores
+inside the agent loop. v1's worker also tells the agent when a session ends without a sample (its
+rollout failed), so the group closes without it at once (``group_size_v1``). This module is light:
+the entry point imports it before verl.
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional, Sequence
 
+from omegaconf import DictConfig, open_dict
+
 GROUP_SIZE_KEY = "__async_rm_group_size__"
+# v1: which dispatch of a prompt a sample comes from (a fresh value each time verl's agent-loop worker
+# starts a prompt's sessions): verl generates a prompt again under the same uid (a checkpointed prompt
+# re-issued on resume), and the agent keeps each attempt a group of its own.
+ATTEMPT_KEY = "__async_rm_attempt__"
 V0_CLASS = "verl_async_rm.integration.group_size_v0.AgentLoopManagerWithGroupSizes"
 V1_CLASS = "verl_async_rm.integration.group_size_v1.AgentLoopManagerTQWithGroupSizes"
 
@@ -35,3 +44,15 @@ def sessions_per_prompt(rows: int, validate: bool, explicit: Optional[Sequence[A
     if explicit is not None:
         return [int(x) for x in explicit]
     return [int(val_n if validate else n)] * rows
+
+
+def select_group_size_manager(config: DictConfig) -> Optional[str]:
+    """A run scoring through ``async_agent`` on verl's per-sample path (no trainer strategy) that names
+    no agent-loop manager of its own gets the stamping one (in place); returns the class chosen."""
+    agent = config.actor_rollout_ref.rollout.agent
+    if config.reward.reward_manager.get("name") != "async_agent" or agent.get("agent_loop_manager_class"):
+        return None
+    chosen = V1_CLASS if config.trainer.get("use_v1", True) else V0_CLASS
+    with open_dict(config):
+        agent.agent_loop_manager_class = chosen
+    return chosen

@@ -2,8 +2,9 @@
 
 Registered in both of verl 0.9's registries, like verl's own ``limited.py``:
 - reward loop (``RewardManagerBase.run_single``, one sample per call from the RewardLoopWorkers):
-  each sample is scored by the job's one agent actor and answered when its GRPO group (same ``uid``)
-  is resolved, so limits are global and ``post_process_scores`` sees whole groups;
+  each sample is scored by the job's one agent actor and answered when its GRPO group (same ``uid``,
+  same dispatch of the prompt) is resolved, so limits are global and ``post_process_scores`` sees
+  whole groups;
 - legacy (``__call__(data, return_dict)``): the whole batch goes to the agent as one ticket.
 """
 
@@ -22,7 +23,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm.integration.client import connect
 from verl_async_rm.integration.registries import register_where_loaded
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
-from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY
+from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm import verl_internals
 from verl_async_rm.loader import check_spec
@@ -61,13 +62,14 @@ class AsyncAgentRewardManager(RewardManagerBase):
         request = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)[0]
         uid = request.pop("uid")
         size, wait = self._group_of(data)
-        score, extra = await self.client.score_in_group(request, uid, size, wait)
+        score, extra = await self.client.score_in_group(request, uid, size, wait, **self._member_of(data))
         return {"reward_score": score, "reward_extra_info": fixed_extra_info(score, extra, self.settings.extra_keys)}
 
     def _group_of(self, data: DataProto) -> tuple[int, float | None]:
         """(group size, stall timeout): the size stamped by our agent-loop manager (exact: the group
-        is answered when its last member is scored; the timeout only ends a group a failed session
-        left short), else the configured size and ``group_wait``."""
+        is answered when its last member is scored; a session that fails is withdrawn by our v1
+        worker, so the timeout only ends a group left short in a way nobody reported), else the
+        configured size and ``group_wait``."""
         stamp = data.non_tensor_batch.get(GROUP_SIZE_KEY)
         if stamp is not None:
             return int(stamp[-1]), self.settings.group_timeout
@@ -80,6 +82,17 @@ class AsyncAgentRewardManager(RewardManagerBase):
                 __package__, self.settings.group_size, self.settings.group_wait,
             )
         return self.settings.group_size, self.settings.group_wait
+
+    @staticmethod
+    def _member_of(data: DataProto) -> dict:
+        """Which session of which dispatch of its prompt the sample is, when our v1 agent-loop worker
+        stamped the dispatch (``group_size_v1``): the worker withdraws a failed session by the same
+        names, and a prompt dispatched again never shares a group with an earlier attempt."""
+        attempt = data.non_tensor_batch.get(ATTEMPT_KEY)
+        session = data.non_tensor_batch.get("session_id")
+        if attempt is None or session is None:
+            return {}
+        return {"session": int(session[-1]), "attempt": str(attempt[-1])}
 
     # -- legacy: the whole batch at once ---------------------------------------------------------
     def __call__(self, data: DataProto, return_dict: bool = False):

@@ -16,8 +16,10 @@ offers no hook between composing the config and using it, but hydra does:
    the task function: when the run selects ``async_agent`` (either selector), it moves the legacy
    block to ``reward.*`` (``legacy_config``) and says so on stderr, then checks the agent settings
    and builds the reward once (``loader.check_spec``), so a bad setting or reward stops the run
-   here, not at the first reward inside a Ray actor. A run that does not select ``async_agent`` is
-   left exactly as verl composed it. ``on_job_start`` re-checks: in a case the
+   here, not at the first reward inside a Ray actor; with verl's own trainer modes it selects the
+   agent-loop manager that gives the per-sample path exact groups (``group_sizes``), as our entry
+   point does, unless the run names its own. A run that does not select ``async_agent`` is left
+   exactly as verl composed it. ``on_job_start`` re-checks: in a case the
    migration could not reach (hydra's multirun composes each job anew), the run stops at start with
    the exact ``reward.*`` spelling to use, instead of silently running another manager.
 
@@ -142,13 +144,23 @@ class AsyncAgentStartCallback(Callback):
             sys.exit(f"[verl_async_rm] could not move the legacy reward config to reward.*: {type(exc).__name__}: {exc}")
         if moved:
             print(f"[verl_async_rm] legacy reward config moved: {', '.join(moved)}", file=sys.stderr, flush=True)
+        from verl_async_rm.integration.group_sizes import select_group_size_manager
         from verl_async_rm.integration.settings import read_run_settings
         from verl_async_rm.loader import check_spec
+        from verl_async_rm.strategies.plan import V1_MODE
 
         try:
-            check_spec(read_run_settings(config).agent.reward, construct=True)
+            settings = read_run_settings(config)
+            check_spec(settings.agent.reward, construct=True)
         except Exception as exc:  # noqa: BLE001 - as above: stop before any worker starts
             sys.exit(f"[verl_async_rm] async_agent cannot start: {type(exc).__name__}: {exc}")
+        if not settings.strategy.enabled and OmegaConf.select(config, "trainer.v1.trainer_mode") != V1_MODE:
+            # As our entry point does: exact groups (each sample stamped with its group's real size and
+            # attempt, failed sessions withdrawn) instead of groups closed by a timer.
+            chosen = select_group_size_manager(config)
+            if chosen:
+                print(f"[verl_async_rm] actor_rollout_ref.rollout.agent.agent_loop_manager_class={chosen}",
+                      file=sys.stderr, flush=True)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         from verl_async_rm.integration.legacy_config import (
