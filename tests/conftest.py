@@ -1,4 +1,4 @@
-"""Shared fixtures: one Ray start per test session, paths to the shared data."""
+"""Shared fixtures: one Ray start per test session, the paths of the tests' own data; the tiers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = Path(__file__).resolve().parent / "data" / "gsm8k" / "test.jsonl"  # in the repository, MIT (its LICENSE)
 HELPERS = Path(__file__).resolve().parent / "helpers"  # what the tests run: rewards, agent loops, fake jobs
 REWARDS = HELPERS / "rewards"
 
@@ -29,8 +28,6 @@ def ray_session():
 
 @pytest.fixture
 def gsm8k_path() -> Path:
-    if not GSM8K_TEST.exists():
-        pytest.fail(f"GSM8K test split not found at {GSM8K_TEST}: ../shared must sit beside the repo")
     return GSM8K_TEST
 
 
@@ -46,17 +43,12 @@ TIERS = ("quick", "local", "ray", "trainer")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test in exactly one tier. Tests that read ../shared are marked ``shared_data`` and may not be
-    ``quick``: the inner loop must run anywhere, while the suite (CI) fails, never skips, without the data."""
+    """Every test in exactly one tier."""
     problems = []
     for item in items:
         tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
         if len(tiers) != 1:
             problems.append(f"{item.nodeid}: tiers {tiers or 'none'} (give it exactly one of {TIERS})")
-        if "gsm8k_path" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.shared_data)
-            if item.get_closest_marker("quick"):
-                raise pytest.UsageError(f"{item.nodeid} reads ../shared, so it cannot be marked quick")
     if problems:
         raise pytest.UsageError("tests outside the tiers:\n  " + "\n  ".join(problems))
 

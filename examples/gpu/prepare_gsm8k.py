@@ -2,7 +2,7 @@
 ``$DATA_DIR/train.parquet`` and ``$DATA_DIR/test.parquet``.
 
     python examples/gpu/prepare_gsm8k.py --out ~/data/gsm8k                 # from the Hugging Face hub
-    python examples/gpu/prepare_gsm8k.py --out ~/data/gsm8k --jsonl-dir ../shared/data/gsm8k   # local copy
+    python examples/gpu/prepare_gsm8k.py --out ~/data/gsm8k --jsonl-dir DIR   # DIR: a local train.jsonl/test.jsonl
 
 Each row: the question plus an instruction to end with "#### <answer>" as the user prompt,
 ``data_source="openai/gsm8k"``, ``reward_model.ground_truth`` = the reference's final number.

@@ -1,5 +1,4 @@
-"""The GSM8K example reward on the real test split (../shared/data/gsm8k: not in the quick loop;
-the suite fails, never skips, when the split is missing)."""
+"""The GSM8K example reward on the real test split (tests/data/gsm8k, in the repository with its licence)."""
 
 from __future__ import annotations
 

@@ -94,10 +94,16 @@ def test_a_script_through_the_real_entry_point(tmp_path):
 def test_prepare_gsm8k_writes_verls_format(tmp_path, gsm8k_path):
     import pandas as pd
 
-    subprocess.run([sys.executable, str(GPU / "prepare_gsm8k.py"), "--out", str(tmp_path),
-                    "--jsonl-dir", str(gsm8k_path.parent)], check=True, timeout=120)
-    test = pd.read_parquet(tmp_path / "test.parquet")
-    assert len(test) == 1319 and len(pd.read_parquet(tmp_path / "train.parquet")) == 7473
+    # the test split as it is, and a train split of its first 100 problems (the repository holds only the test split)
+    jsonl = tmp_path / "jsonl"
+    jsonl.mkdir()
+    (jsonl / "test.jsonl").write_text(gsm8k_path.read_text())
+    (jsonl / "train.jsonl").write_text("".join(gsm8k_path.read_text().splitlines(keepends=True)[:100]))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(GPU / "prepare_gsm8k.py"), "--out", str(out), "--jsonl-dir", str(jsonl)],
+                   check=True, timeout=120)
+    test = pd.read_parquet(out / "test.parquet")
+    assert len(test) == 1319 and len(pd.read_parquet(out / "train.parquet")) == 100
     row = test.iloc[0]
     assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "18"
     assert row["prompt"][0]["content"].endswith('output the final answer after "####".')
