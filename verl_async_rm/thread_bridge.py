@@ -143,6 +143,9 @@ class ThreadBridge:
                 ok, value = False, exc
             in_call_since[number] = 0.0
             self._finish(token, ok, value)
+            # An idle worker must not keep its last call alive: the token is an attempt, which
+            # holds its sample and, through it, the sample's whole ticket.
+            job = fn = arg = token = value = None
 
     def _finish(self, token: Any, ok: bool, value: Any) -> None:
         self._finished.append((token, ok, value))
