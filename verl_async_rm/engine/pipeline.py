@@ -197,6 +197,17 @@ class RequestPipeline:
         if call is not None and call.state != DONE and all(m.state == DONE for m in call.members):
             self.abandon(call)  # every member of a group judge's call was settled from outside
 
+    def abandon_all(self, samples: list[Sample]) -> None:
+        """``abandon`` for many samples at once (a deadline over a backlog): a plain queued sample is
+        only marked, with no call (the pump drops it when it reaches it); the others (running,
+        waiting to retry, a cache leader, a group judge's member) take ``abandon``."""
+        abandon = self.abandon
+        for sample in samples:
+            if sample.state == QUEUED and sample.cache_key is None and sample.group_call is None:
+                sample.state = DONE
+            else:
+                abandon(sample)
+
     # -- admission ---------------------------------------------------------------------------------
     def pump(self) -> None:
         """Start every queued sample that may start now; arrange to be called again when more may.
