@@ -263,7 +263,7 @@ class RequestPipeline:
                 tpm.take(now, tokens)
             self._start(sample, now)
         if self.in_flight == 0:
-            flow.on_backlog_cleared()
+            flow.on_backlog_cleared(now)
 
     def _wake_after(self, now: float, delay: float) -> None:
         at = now + delay
