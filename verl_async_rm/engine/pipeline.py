@@ -443,6 +443,10 @@ class RequestPipeline:
     def _release(self, attempt: Attempt) -> None:
         if attempt.holds_slot:
             attempt.holds_slot = False
+            # The attempt is over for good: it lets go of its sample, so neither an entry left in
+            # the FIFO of timeouts nor the sample's own reference back (a cycle the collector would
+            # have to find) keeps the sample, or its ticket, alive.
+            attempt.sample = None
             self.in_flight -= 1
             self.pump()
 
