@@ -19,6 +19,7 @@ from tests.conftest import ROOT
         ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}),
         ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}),
         ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}),
+        ("hot_path.py", {"memory", "deadline", "summary", "targets", "machine", "command"}),
     ],
 )
 def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys):
