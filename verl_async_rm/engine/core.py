@@ -406,10 +406,12 @@ class ScoringEngine:
         del self.tickets[run.ticket]
         if run.deadline is not None:
             run.deadline.cancel()
-        # Nothing reads them any more: let go of the samples and of the bound delivery now, so the
+        # Nothing reads them any more: let go of the samples and of the bound delivery, so the
         # ticket is freed as it retires, not by a later pass of the cyclic collector (RSS would
-        # swing by a ticket's worth with its timing).
-        run.samples.clear()
+        # swing by a ticket's worth with its timing). Freed on the next loop turn: a get already
+        # waiting to be served goes first.
+        samples, run.samples = run.samples, {}
+        self.loop.call_soon(samples.clear)
         run.deliver = None
         self.finished[run.ticket] = error
         if len(self.finished) > REMEMBERED_TICKETS:
