@@ -22,7 +22,9 @@ What the agent does when the service says "slow down" (one instance, shared by e
 5. **Pace.** Requests are then spaced at a rate that follows TCP CUBIC's curve in relative terms:
    it restarts at ``headroom`` x the measured rate, comes back to it over ``K`` seconds (concave,
    so it lingers just below the limit), then grows convexly, so a raised limit (or a first estimate
-   that came out low) is found within seconds. The next throttle measures again.
+   that came out low) is found within seconds. The next throttle measures again. The curve stands
+   still while the agent has nothing to send. The metrics report both: the pace now
+   (``pace_per_s``, which probes above the rate) and the rate measured (``service_rate_per_s``).
 
 Throttles from requests sent before the last event are one congestion event (as TCP counts several
 losses in one round trip once): they extend the pause, nothing else. An event that measures nothing
