@@ -85,7 +85,8 @@ def token_bucket_run(samples: int = 200, capacity: int = 30, refill: float = 3.0
         "refused_after_the_agent_saw_a_429": (sum(later) / len(later)) if later else 0.0,
         "requests_sent_after_it": len(later),
         "refused_after_the_first_429_server_view": stats.throttled_share_after_first_throttle(),
-        "learned_pace_per_s": metrics["pace_per_s"],
+        "learned_pace_per_s": metrics["pace_per_s"],  # the pace at the end (its curve probes above the rate)
+        "learned_service_rate_per_s": metrics["service_rate_per_s"],  # the service's rate as measured
         "wall_s": wall,
         "ideal_s": (samples - capacity) / refill,
     }

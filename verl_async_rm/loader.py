@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +34,7 @@ SCORE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 PKG_PREFIX = "pkg://"  # verl's spelling for a module path: pkg://package.module (or package/module)
 FILE_PREFIX = "file://"
+_FILE_LOADS = threading.RLock()  # see load_module
 
 
 @dataclass(frozen=True)
@@ -110,22 +112,28 @@ def load_module(path: str):
     # and pickling (process pool) can find the module again in this process.
     digest = hashlib.sha1(path.encode()).hexdigest()[:10]
     module_name = f"_verl_async_rm_user_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise RewardFunctionError(f"cannot import {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        del sys.modules[module_name]
-        if isinstance(exc, Exception):  # the user's file is broken: say where, not a traceback through importlib
-            raise RewardFunctionError(f"reward file {path} failed to import: {type(exc).__name__}: {exc}"
-                                      f"{_where_in(exc, path)}") from exc
-        raise
-    return module
+    # The module is in sys.modules while it executes (its own code may need to find itself), so a
+    # second loader must not take it from there before it has finished: it would get a half-run
+    # module ("has no attribute 'compute_score'"). importlib's per-module locks only cover the
+    # import statement's path, not this load-by-file; one re-entrant lock (a reward file that loads
+    # another reward file at import time) serialises these rare loads without deadlock cycles.
+    with _FILE_LOADS:
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise RewardFunctionError(f"cannot import {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            del sys.modules[module_name]
+            if isinstance(exc, Exception):  # the user's file is broken: say where, not a traceback through importlib
+                raise RewardFunctionError(f"reward file {path} failed to import: {type(exc).__name__}: {exc}"
+                                          f"{_where_in(exc, path)}") from exc
+            raise
+        return module
 
 
 def _where_in(exc: BaseException, path: str) -> str:

@@ -134,18 +134,22 @@ class ThreadBridge:
                 return
             fn, arg, token = job
             if token.given_up:
-                self._finish(token, False, SKIPPED)
-                continue
-            in_call_since[number] = time.monotonic()
-            try:
-                ok, value = True, fn(arg)
-            except BaseException as exc:  # noqa: BLE001 - reported to the loop, like run_in_executor
-                ok, value = False, exc
-            in_call_since[number] = 0.0
-            self._finish(token, ok, value)
+                self._finished.append((token, False, SKIPPED))
+            else:
+                in_call_since[number] = time.monotonic()
+                try:
+                    ok, value = True, fn(arg)
+                except BaseException as exc:  # noqa: BLE001 - reported to the loop, like run_in_executor
+                    ok, value = False, exc
+                in_call_since[number] = 0.0
+                self._finished.append((token, ok, value))
+            # An idle worker must not keep its last call alive (the token is an attempt: it holds
+            # its sample and, through it, the sample's whole ticket): dropped before the loop is
+            # woken to take the result, so a caller handed the result never finds it still held.
+            job = fn = arg = token = value = None
+            self._wake_loop()
 
-    def _finish(self, token: Any, ok: bool, value: Any) -> None:
-        self._finished.append((token, ok, value))
+    def _wake_loop(self) -> None:
         # Wake the loop unless a drain is already pending. Two workers may both wake it (the second
         # drain finds nothing); none can be missed: the drain clears the flag before it empties
         # the deque, so whatever is appended after that sees the flag down and wakes it again.

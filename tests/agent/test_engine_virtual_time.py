@@ -450,3 +450,103 @@ def test_an_open_tickets_failure_rate_is_judged_on_its_whole_size_at_close():
     assert error is None and sorted(delivered) == list(range(32))
     delivered, error = virtual(lambda: scenario(set(range(0, 32, 2)) | {1, 3, 5}))
     assert error is not None and "17 of 32 samples failed" in error  # the first count past 16 of 32
+
+
+def _calls_while_expiring(monkeypatch, backlog: int, group_size: int, policy: str = "fill"):
+    """Python and builtin calls made by the callback that settles a ticket at its deadline, over a
+    backlog of ``backlog`` queued samples (8 more were started: 4 running, the rest their group's);
+    and the chunk the ticket then hands out and the metrics."""
+    import sys
+
+    from verl_async_rm.engine.core import ScoringEngine
+
+    counted: list[int] = []
+    expire = getattr(ScoringEngine._expire_ticket, "__wrapped__", ScoringEngine._expire_ticket)
+
+    def counting_expire(self, run):
+        calls = 0
+
+        def profile(frame, event, arg):
+            nonlocal calls
+            if event in ("call", "c_call"):
+                calls += 1
+
+        sys.setprofile(profile)
+        try:
+            expire(self, run)
+        finally:
+            sys.setprofile(None)
+        counted.append(calls)
+
+    counting_expire.__wrapped__ = expire
+    monkeypatch.setattr(ScoringEngine, "_expire_ticket", counting_expire)
+
+    async def forever(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(10**6)
+
+    async def scenario():
+        config = {"max_concurrency": 4, "request_timeout": 10, "ticket_deadline": 10, "max_failure_rate": 1.0,
+                  "failure_policy": policy, "fill_value": -1.0}
+        async with AsyncRewardAgent(forever, config) as agent:
+            ticket = agent.submit(items(backlog + 8, group_size), group_size)
+            await asyncio.sleep(11)  # the deadline expires with nobody waiting
+            return await agent.get_all(ticket), agent.metrics()
+
+    chunk, metrics = virtual(scenario)
+    assert len(counted) == 1
+    return counted[0], chunk, metrics
+
+
+@pytest.mark.parametrize("group_size", [1, 8])
+def test_a_deadline_settles_a_backlog_without_a_step_per_sample(monkeypatch, group_size):
+    """Issue 45 item 8: the deadline settled each pending sample on its own (an outcome, a message,
+    the budgets, its group's resolution), so the return grew with the backlog (3.2 / 5.0 / 9.2 s for
+    a 2 s deadline over 10k / 20k / 40k queued). Settling is now one step whatever the backlog:
+    the calls it makes are the same for 64 and for 1,600 queued samples. (The figures: bench/hot_path.py.)
+    What the ticket hands out afterwards is still every sample once, failed at the deadline."""
+    small, small_chunk, _ = _calls_while_expiring(monkeypatch, 64, group_size)
+    large, chunk, metrics = _calls_while_expiring(monkeypatch, 1_600, group_size)
+    # (a few calls either way: the loop's timer heap compares a varying number of entries)
+    assert abs(large - small) <= 10, f"{small} calls to settle 64 queued samples, {large} for 1,600"
+    n = 1_608
+    assert chunk.indices == list(range(n)) and len(small_chunk) == 72
+    assert chunk.extra_info["reward_failure"] == ["deadline"] * n and chunk.scores == [-1.0] * n
+    assert all("unfinished at the ticket deadline (10.0s)" in e for e in chunk.extra_info["reward_error"])
+    assert chunk.latencies == [pytest.approx(10.0)] * n
+    assert metrics["failed"] == n and metrics["failures_by_kind"] == {"deadline": n} and metrics["pending"] == 0
+
+
+def test_a_deadline_over_a_backlog_under_the_raise_policy_fails_the_ticket(monkeypatch):
+    import re
+
+    with pytest.raises(RewardError, match=re.escape("unfinished at the ticket deadline (10.0s)")):
+        _calls_while_expiring(monkeypatch, 100, 2, policy="raise")
+
+
+@pytest.mark.parametrize("cap", [1, 16])
+def test_retry_after_zero_from_a_service_that_only_throttles_is_floored(cap):
+    """Issue 45 item 9: "Retry-After: 0" was obeyed literally: 334 requests in 10 s to a service
+    answering only 429, against 8 without the header. A probe refused again with nothing accepted
+    since now waits at least what it would have without the header (one doubling behind), so the
+    header buys no more requests than its absence. 10 s of virtual time, 30 ms per refusal."""
+
+    def sends_in_10s(retry_after) -> int:
+        calls: list[float] = []
+
+        async def refusing(data_source, solution_str, ground_truth, extra_info=None):
+            calls.append(now())
+            await asyncio.sleep(0.03)
+            raise Throttled(retry_after)
+
+        async def scenario():
+            config = {"max_concurrency": cap, "ticket_deadline": 10, "request_timeout": 5, "max_failure_rate": 1.0}
+            async with AsyncRewardAgent(refusing, config) as agent:
+                chunk = await agent.get_all(agent.submit(items(cap)))
+            assert chunk.extra_info["reward_failure"] == ["deadline"] * cap
+            return len(calls)
+
+        return virtual(scenario)
+
+    with_zero, without = sends_in_10s(0), sends_in_10s(None)
+    assert with_zero <= without + 1, f"{with_zero} requests with Retry-After: 0, {without} without the header"
+    assert with_zero <= cap + 8

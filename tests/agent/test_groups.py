@@ -286,3 +286,50 @@ def test_mixed_group_sizes_are_checked_per_uid():
     with pytest.raises(ValueError, match="its size is 2"):
         opened.add([(1, "a"), (2, "a")])  # a bad batch adds nothing
     assert opened.total_samples == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(ticket_plans(), st.integers(0, 60), st.lists(st.booleans(), max_size=40))
+def test_a_deadline_settles_the_rest_at_once_and_every_sample_is_handed_out_once(plan, settled_before, give_backs):
+    """Issue 45 item 8, the ledger's part: at the deadline the samples without an outcome all get one
+    (``settle_rest``: no step per sample); groups none of whose members had settled are ready as one
+    uniform entry, built group by group as takes reach it. Whatever settled before, whatever the
+    chunk sizes and hand-overs given back: every sample exactly once, in whole groups, each
+    untouched group wholly failed, and the ready count right at every step."""
+    from verl_async_rm.engine.ledger import UniformGroups
+
+    group_size, uid_of, settle_order, chunk_groups = plan
+    give_back = iter(give_backs)
+    ledger = TicketLedger(sorted(uid_of.items()), group_size)
+    expected_ready = 0
+    for index in settle_order[:settled_before]:  # what finished on its own before the deadline
+        group = ledger.settle(index, Scored(float(index)))
+        if group is not None:
+            ledger.mark_ready(GroupResult(group.key, group.indices, [o.score for o in group.outcomes], [{}] * group_size))
+            expected_ready += 1
+    deadline = Failed("deadline", "unfinished at the ticket deadline", 0)
+    untouched, touched = ledger.settle_rest(deadline)
+    assert ledger.all_settled and ledger.settle_rest(deadline) == ([], [])
+    assert len(untouched) + len(touched) + expected_ready == len(uid_of) // group_size
+    for group in touched:  # a partly settled group: its own outcomes, the deadline for the rest
+        assert any(isinstance(o, Scored) for o in group.outcomes) and deadline in group.outcomes
+        ledger.mark_ready(resolve_group(group, Fill(-1.0)))
+    ledger.mark_ready_uniform(UniformGroups(untouched, -1.0, {"reward_failed": 1}, 9.0, 9.0, 10.0))
+    untouched_indices = {i for group in untouched for i in group.members}
+    taken: list[int] = []
+    for groups_wanted in itertools.cycle(chunk_groups):
+        assert ledger.ready_groups == len(uid_of) // group_size - len(taken) // group_size
+        got = ledger.take(groups_wanted * group_size)
+        if got is not None and next(give_back, False):
+            ledger.put_back(got)
+            again = ledger.take(groups_wanted * group_size)
+            assert [g.indices for g in again] == [g.indices for g in got]
+            got = again
+        if not got:
+            break
+        for result in got:
+            assert len(result.indices) == group_size and len({uid_of[i] for i in result.indices}) == 1
+            if result.indices[0] in untouched_indices:
+                assert result.scores == [-1.0] * group_size and result.latencies == [9.0] * group_size
+        taken += assemble_chunk(got).indices
+    assert sorted(taken) == sorted(uid_of) and ledger.exhausted

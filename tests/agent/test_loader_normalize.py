@@ -128,3 +128,48 @@ def test_group_hook_return_checked():
         normalize_group_scores([1.0, None], 2, "hook")
     with pytest.raises(RewardFunctionError, match="not a list"):
         normalize_group_scores(None, 2, "hook")
+
+
+SLOW_TO_IMPORT = """
+import time
+time.sleep(0.02)  # a module doing real work at import (torch, a tokenizer): the race's window
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 1.0 if solution_str == ground_truth else 0.0
+"""
+
+
+def test_two_agents_built_at_once_from_one_reward_file_both_load_it(tmp_path):
+    """Issue 45 item 7: the second loader took the module from sys.modules while the first was
+    still running it ("has no attribute 'compute_score'", 29 of 30 trials). 25 races, each on a
+    fresh file (a loaded file is cached for the process), both builders released together."""
+    import threading
+
+    from verl_async_rm import RewardAgent
+
+    failures = []
+    for trial in range(25):
+        path = tmp_path / f"reward_{trial}.py"
+        path.write_text(SLOW_TO_IMPORT)
+        start = threading.Barrier(2)
+        built: list[RewardAgent] = []
+
+        def build():
+            start.wait()
+            try:
+                built.append(RewardAgent.from_file(str(path), "compute_score"))
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                failures.append(f"trial {trial}: {type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=build) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        for agent in built:
+            try:
+                assert agent.get_all(agent.submit([{"solution_str": "a", "ground_truth": "a"}]), timeout=10).scores == [1.0]
+            finally:
+                agent.close()
+    assert not failures, f"{len(failures)} of 25 races failed; first: {failures[0]}"

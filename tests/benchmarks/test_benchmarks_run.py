@@ -21,6 +21,7 @@ from tests.conftest import ROOT
         # the HTTP faults (the judge-operations ones: tests/judge_ops/test_fault_suite.py)
         ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}, ["--fault", "agent"]),
         ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}, []),
+        ("hot_path.py", {"memory", "deadline", "summary", "targets", "machine", "command"}, []),
     ],
 )
 def test_benchmark_script_runs_and_writes_json(tmp_path, script, keys, options):

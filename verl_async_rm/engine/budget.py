@@ -13,6 +13,7 @@ group hook); cancelled samples are not failures.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -98,6 +99,23 @@ class RecentFailures:
         if len(self._recent) == self.window and self.failed > self.max_failure_rate * self.window:
             return True
         return False
+
+    def record_failures(self, count: int, kind: str, message: str) -> bool:
+        """``record(True, kind, message)`` for ``count`` samples at once (a deadline settling a
+        backlog): C-level deque operations, not a step per sample. True if the window is over the
+        rate once they are in (checked once, at the end: they settled in the same instant)."""
+        if count <= 0:
+            return False
+        overflow = len(self._recent) + count - self.window
+        if count >= self.window:
+            self._recent.clear()
+            self.failed = 0
+        elif overflow > 0:
+            self.failed -= sum(itertools.islice(self._recent, overflow))
+        self._recent.extend(itertools.repeat(True, min(count, self.window)))
+        self.failed += min(count, self.window)
+        self.digest.add(kind, message, count)
+        return len(self._recent) == self.window and self.failed > self.max_failure_rate * self.window
 
     def describe(self) -> str:
         text = (

@@ -3,7 +3,10 @@ passes the time), so it is tested in virtual time, exhaustively.
 
 What the agent does when the service says "slow down" (one instance, shared by every request):
 1. **Pause.** Nobody sends until the service's ``Retry-After`` (bounded by ``max_pause``; without a
-   header, ``default_pause`` doubling per consecutive throttle event).
+   header, ``default_pause`` doubling per consecutive throttle event). A ``Retry-After`` shorter than
+   ``default_pause`` that comes again on the probe, nothing accepted in between, is floored at what
+   the pause without a header would have been one event earlier: "Retry-After: 0" from a service
+   that only refuses is no licence to retry in a loop.
 2. **Probe.** After the pause one request goes (the window is 1): at most one probe per pause.
 3. **Ramp.** Each accepted answer opens the window by one, so it doubles per round trip (TCP's slow
    start), back to the full cap; once the service's rate is known, pacing takes over at once.
@@ -11,11 +14,17 @@ What the agent does when the service says "slow down" (one instance, shared by e
    per second once its burst is spent. Between two throttle events its bucket was empty at both
    ends, so the requests we sent in between, minus those it rejected, measure r (from below: tokens
    it refilled while we sent less are lost, never counted). Requests sent before the first event
-   are never counted: they ran into the bucket's initial burst.
+   are never counted: they ran into the bucket's initial burst. Everything is timed by when the
+   requests were *sent* (an event: when the refused request left), not by when their answers were
+   handled: answers held up by a busy loop (a loaded machine) and then handled in a bunch would
+   read as a burst the service never accepted (19/s measured against a true 3/s, kept by the
+   max filter below).
 5. **Pace.** Requests are then spaced at a rate that follows TCP CUBIC's curve in relative terms:
    it restarts at ``headroom`` x the measured rate, comes back to it over ``K`` seconds (concave,
    so it lingers just below the limit), then grows convexly, so a raised limit (or a first estimate
-   that came out low) is found within seconds. The next throttle measures again.
+   that came out low) is found within seconds. The next throttle measures again. The curve stands
+   still while the agent has nothing to send. The metrics report both: the pace now
+   (``pace_per_s``, which probes above the rate) and the rate measured (``service_rate_per_s``).
 
 Throttles from requests sent before the last event are one congestion event (as TCP counts several
 losses in one round trip once): they extend the pause, nothing else. An event that measures nothing
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 
 MIN_RATE = 0.01  # requests/s: a learned pace never goes below one request per 100 s
 RELIABLE_EVIDENCE = 10  # a measurement resting on this many answers is kept for the max filter
+MAX_RECORDED = 200_000  # send times kept per kind for the measurements (bounded memory between rare events)
 
 
 @dataclass(frozen=True)
@@ -42,9 +52,37 @@ class FlowSettings:
     enabled: bool = True
     headroom: float = 0.9  # after a measurement, pace restarts at this share of the measured rate
     cubic: float = 0.004  # CUBIC's C, relative per s^3: back to the measured rate after cbrt((1-headroom)/C) s
-    horizon_s: float = 60.0  # throttle events older than this are not used to measure
+    horizon_s: float = 60.0  # throttle events older than this are not used to measure (but the last one)
     release_factor: float = 8.0  # a pace this far above the measured rate without a throttle is dropped
     min_span_s: float = 0.5  # a rate is measured over at least this long
+
+
+@dataclass
+class Span:
+    """The requests sent between two throttle events (a token bucket was empty at both ends), by
+    when they were sent, and what became of them as far as their answers have come."""
+
+    start: float
+    end: float
+    sent: int
+    accepted: int
+    refused: int
+    measured_at: float
+
+    @property
+    def rate(self) -> float:
+        """A lower bound of the service's rate: what it is known to have accepted."""
+        return self.accepted / (self.end - self.start)
+
+    @property
+    def estimate(self) -> float:
+        """The rate once the answers still in flight are in, if they fare as those already back did
+        (the refusal that ends a span often comes back first: counting only what is back would
+        take a slow service for a fraction of itself)."""
+        answered = self.accepted + self.refused
+        in_flight = max(0, self.sent - answered)
+        expected = self.accepted + (in_flight * self.accepted / answered if answered else 0.0)
+        return expected / (self.end - self.start)
 
 
 class FlowControl:
@@ -64,24 +102,39 @@ class FlowControl:
         self._next_send = float("-inf")
         self._latency = 0.0  # smoothed answer latency, seconds
         self._unit = 1.0  # the pace curve's time unit, seconds (see _measure)
-        self._accepted = 0  # accepted answers to requests of countable epochs
-        self._recent: deque[float] = deque()  # their times, over the last few latencies
-        self._log: deque[tuple[float, int]] = deque()  # (event time, self._accepted then)
-        self._measured: deque[tuple[float, float]] = deque()  # (time, rate) of well-founded measurements
+        self._idle_since: float | None = None  # nothing to send since then: the pace curve stands still
+        self._accepted: deque[float] = deque()  # send times of accepted requests of countable epochs (horizon)
+        self._refused: deque[float] = deque()  # send times of refused ones
+        self._sent: deque[float] = deque()  # send times of every request of a countable epoch
+        self._log: deque[float] = deque()  # send times of the refused requests that made events (horizon)
+        self._spans: deque[Span] = deque()  # measurements between two events, of the horizon (the max filter's)
 
     # -- queries --------------------------------------------------------------------------------
     def current_rate(self, now: float) -> float | None:
-        """The pace now (requests/s), or None when requests are not paced."""
+        """The pace now (requests/s), or None when requests are not paced. A query: reading it (the
+        agent's metrics) changes nothing."""
         if self.measured_rate is None:
             return None
+        factor = self._factor(now)
+        if factor > self.settings.release_factor:
+            return None  # paced far above the measured limit without a throttle: it is gone
+        return max(MIN_RATE, self.measured_rate * factor)
+
+    def _factor(self, now: float) -> float:
+        """The pace curve (CUBIC's, relative to the measured rate) at ``now``. Its clock stands still
+        while the agent has nothing to send (between two batches): probing upward is probing only
+        while requests go out, and an idle agent's pace must not drift away from what the service
+        was measured to accept (as TCP keeps an application-limited window from growing)."""
         s = self.settings
         k = ((1.0 - s.headroom) / s.cubic) ** (1.0 / 3.0)
+        if self._idle_since is not None:
+            now = min(now, self._idle_since)
         elapsed = max(0.0, now - self._rate_at) / self._unit
-        factor = 1.0 + s.cubic * (elapsed - k) ** 3
-        if factor > s.release_factor:
-            self.measured_rate = None  # paced far above the measured limit without a throttle: it is gone
-            return None
-        return max(MIN_RATE, self.measured_rate * factor)
+        return 1.0 + s.cubic * (elapsed - k) ** 3
+
+    def _drop_released_pace(self, now: float) -> None:
+        if self.measured_rate is not None and self._factor(now) > self.settings.release_factor:
+            self.measured_rate = None
 
     def send_delay(self, now: float) -> float | None:
         """0.0: a request may be sent now; > 0: seconds until one may; None: wait for an answer."""
@@ -104,9 +157,16 @@ class FlowControl:
         """A request leaves now; returns its epoch, to be passed back with its answer."""
         self.sending += 1
         if self.settings.enabled:
+            if self._idle_since is not None:  # sending again: the curve resumes where it stood
+                self._rate_at += max(0.0, now - self._idle_since)
+                self._idle_since = None
             rate = self.current_rate(now)
             if rate is not None:
                 self._next_send = max(now, self._next_send) + 1.0 / rate
+            elif self.measured_rate is not None:
+                self.measured_rate = None  # released (see current_rate)
+            if self._epoch >= self._countable:  # never before the first throttle: the hot path stays lean
+                self._record(self._sent, now, now)
         return self._epoch
 
     def on_answer(
@@ -121,10 +181,10 @@ class FlowControl:
             self._latency = 0.8 * self._latency + 0.2 * max(0.0, now - sent_at)
         if not throttled:
             if epoch >= self._countable:  # never before the first throttle: the hot path stays lean
-                self._accepted += 1
-                self._recent.append(now)
-                while self._recent[0] < now - self._recent_span():
-                    self._recent.popleft()
+                sent = now if sent_at is None else sent_at
+                self._record(self._accepted, sent, now)
+                if self._spans and sent <= self._spans[-1].end:
+                    self._count_late(sent, accepted=True)
             if epoch < self._epoch:
                 return  # sent before the last event (the burst that ran into it): says nothing new
             self._quiet_events = 0
@@ -137,71 +197,97 @@ class FlowControl:
         self.throttles += 1
         if not self.settings.enabled:
             return
+        if epoch >= self._countable:
+            sent = now if sent_at is None else sent_at
+            self._record(self._refused, sent, now)
+            if self._spans and sent <= self._spans[-1].end:
+                self._count_late(sent, accepted=False)
         if self.throttled_since is None:
             self.throttled_since = now
-        if retry_after is not None and retry_after >= 0:
-            pause = retry_after
+        own = self.settings.default_pause * 2 ** min(self._quiet_events, 30)  # doubling per refused probe
+        if retry_after is None or retry_after < 0:
+            pause = own
+        elif retry_after < self.settings.default_pause and self._quiet_events and epoch >= self._epoch:
+            # Told to come back (almost) at once, did, and was refused again with nothing accepted
+            # in between: such a header says nothing ("Retry-After: 0" made 334 requests in 10 s to
+            # a service answering only 429; 8 without it). Floored at the pause a refusal without
+            # it would have got one event earlier: such a storm costs what one without it does.
+            # A longer Retry-After is the service's own word and is kept (one probe per window).
+            pause = max(retry_after, own / 2)
         else:
-            pause = self.settings.default_pause * 2 ** min(self._quiet_events, 30)
+            pause = retry_after
         self.paused_until = max(self.paused_until, now + min(pause, self.settings.max_pause))
         if epoch < self._epoch:
             return  # sent before the last event: the same congestion, already handled
         self.events += 1
         self._quiet_events += 1
         self.window = 1  # after the pause: one probe
-        self._measure(now)
+        self._measure(now, now if sent_at is None else sent_at)
         self._epoch += 1
 
     def on_abandoned(self) -> None:
         """A request given up before its answer (deadline, cancel): it teaches nothing."""
         self.sending = max(0, self.sending - 1)
 
-    def on_backlog_cleared(self) -> None:
+    def on_backlog_cleared(self, now: float | None = None) -> None:
         """Everything queued has been sent: the agent asked for less than the service allows, so what
-        was accepted until now says nothing about the service's rate."""
+        was accepted until now says nothing about the service's rate. From ``now`` until the next
+        send the pace curve stands still."""
         self._countable = self._epoch + 1
         self._log.clear()
-        self._recent.clear()
-        self._measured.clear()
+        self._accepted.clear()
+        self._refused.clear()
+        self._sent.clear()
+        self._spans.clear()
+        if now is not None and self._idle_since is None:
+            self._idle_since = now
 
     # -- the rate -----------------------------------------------------------------------------------
-    def _measure(self, now: float) -> None:
-        """The service's rate, from accepted answers (throughput, not sends: answers still in flight
-        are neither counted nor guessed), the larger of two lower bounds:
-        - since an earlier event: the latest one at least ``min_span_s`` ago (recent enough to follow a
-          changed limit, long enough that counting whole requests does not dominate);
+    def _measure(self, now: float, event_at: float) -> None:
+        """The service's rate, from accepted requests, timed by when they were sent, up to
+        ``event_at`` (when the request refused now was sent). The larger of two estimates:
+        - since an earlier event: the latest one at least ``min_span_s`` before (recent enough to
+          follow a changed limit, long enough that counting whole requests does not dominate):
+          what the service accepted in between, the requests still in flight expected to fare as
+          those already answered (``Span.estimate``); their answers, as they come, correct it
+          (``_count_late``), and what is known accepted (``Span.rate``) feeds the max filter;
         - over the last few latencies, before the first pace only: after a ramp (slow start), the
-          span since the last event is mostly ramp, below the limit; its last round trips ran at it."""
+          span since the last event is mostly ramp, below the limit; its last round trips ran at it.
+          (Not a bound when the ramp drained a refilled bucket: never kept by the max filter.)"""
+        self._drop_released_pace(now)
         horizon = now - self.settings.horizon_s
-        while self._log and self._log[0][0] < horizon:
+        while len(self._log) > 1 and self._log[0] < horizon:  # the last event is kept, however old
             self._log.popleft()
-        recent_span = self._recent_span()
-        while self._recent and self._recent[0] < now - recent_span:
-            self._recent.popleft()
+        while self._spans and self._spans[0].measured_at < horizon:
+            self._spans.popleft()
+        accepted = self._accepted
         estimates = []  # (rate, answers it rests on)
-        for at, accepted in reversed(self._log):
-            span = now - at
-            if span >= self.settings.min_span_s:
-                estimates.append(((self._accepted - accepted) / span, self._accepted - accepted))
+        for earlier in reversed(self._log):
+            if event_at - earlier >= self.settings.min_span_s:
+                span = Span(earlier, event_at, _between(self._sent, earlier, event_at), _between(accepted, earlier, event_at),
+                            _between(self._refused, earlier, event_at), now)
+                self._spans.append(span)
+                estimates.append((span.estimate, span.accepted))
                 break
-        if self.measured_rate is None and self._log and now - self._log[0][0] >= recent_span:
+        recent_span = self._recent_span()
+        if self.measured_rate is None and self._log and event_at - self._log[0] >= recent_span:
             # Only for the first pace: once requests are paced, a pause refills the service's bucket,
             # and the burst that drains it after the pause would read as a higher rate.
-            estimates.append((len(self._recent) / recent_span, len(self._recent)))
+            count = sum(1 for sent in accepted if event_at - recent_span < sent <= event_at)
+            estimates.append((count / recent_span, count))
         rate, evidence = max(estimates, default=(0.0, 0))
         # Max filter (as BBR keeps the bottleneck bandwidth): the service's rate is the largest
         # well-founded measurement of the horizon, not the latest. Under throttles that do not
         # come from a rate we exceed (a 429 now and then), what was accepted is just our own pace
-        # minus the pauses, and restarting from the latest measurement would spiral down.
-        while self._measured and self._measured[0][0] < horizon:
-            self._measured.popleft()
-        if evidence >= RELIABLE_EVIDENCE:
-            self._measured.append((now, rate))
-        rate = max([rate, *(r for _, r in self._measured)])
+        # minus the pauses, and restarting from the latest measurement would spiral down. Only what
+        # is known accepted between two events counts: a bound; estimates and the recent window are not.
+        known = self._known_rate()
+        if known is not None:
+            rate = max(rate, known)
         pace = self.current_rate(now)
         # Throttled while pacing below the rate the service is known to accept: not the limit we
         # pace against (a token bucket would not refuse us here). Pause as asked, keep the curve.
-        below_known = pace is not None and pace < self.measured_rate
+        below_known = pace is not None and known is not None and pace < known
         if rate > 0 and not below_known:  # nothing accepted (a storm of 429s): nothing learned
             self.measured_rate = max(MIN_RATE, rate)
             self._rate_at = now
@@ -212,7 +298,41 @@ class FlowControl:
             # measurement, come soon.
             self._unit = max(0.25, 2.0 * self._latency, min(evidence, 10) / self.measured_rate)
             self._next_send = max(self._next_send, self.paused_until)
-        self._log.append((now, self._accepted))
+        self._log.append(event_at)
+
+    def _record(self, times: deque[float], at: float, now: float) -> None:
+        """Keep a request's send time for the measurements: back to the horizon, or to the last
+        event if that is older (the next span starts there), and never more than MAX_RECORDED."""
+        times.append(at)
+        oldest = now - self.settings.horizon_s
+        if self._log and self._log[-1] < oldest:
+            oldest = self._log[-1]
+        while times[0] < oldest or len(times) > MAX_RECORDED:
+            times.popleft()
+
+    def _known_rate(self) -> float | None:
+        return max((span.rate for span in self._spans if span.accepted >= RELIABLE_EVIDENCE), default=None)
+
+    def _count_late(self, sent: float, accepted: bool) -> None:
+        """An answer to a request sent inside a span measured already (the refusal that ended it came
+        back first: a burst; a slow service's answers in flight). Counted now, the span's estimate
+        becomes what the service did, and the pace goes up with it if that is the latest span or a
+        well-founded one."""
+        for span in reversed(self._spans):
+            if span.start < sent <= span.end:
+                if accepted:
+                    span.accepted += 1
+                else:
+                    span.refused += 1
+                rate = span.estimate
+                latest = span is self._spans[-1]
+                if self.measured_rate is not None and rate > self.measured_rate and (
+                        latest or span.accepted >= RELIABLE_EVIDENCE):
+                    self.measured_rate = rate
+                    self._unit = max(0.25, 2.0 * self._latency, min(span.accepted, 10) / rate)  # as in _measure
+                return
+            if span.end < sent:
+                return
 
     def _recent_span(self) -> float:
         return max(self.settings.min_span_s, 3.0 * self._latency)
@@ -222,5 +342,11 @@ class FlowControl:
             "paused_s": max(0.0, self.paused_until - now),
             "window": self.window,
             "pace_per_s": self.current_rate(now),
+            "service_rate_per_s": self.measured_rate,
             "throttle_events": self.events,
         }
+
+
+def _between(times: deque[float], start: float, end: float) -> int:
+    """How many of ``times`` (send times, nearly in order) fall in (start, end]."""
+    return sum(1 for at in times if start < at <= end)

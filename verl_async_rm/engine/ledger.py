@@ -44,9 +44,11 @@ def stream_key(uid: Hashable, attempt: Hashable | None = None) -> Hashable:
 
 
 class Group:
-    """The members of one group and their outcomes. ``expected``: the size that closes it."""
+    """The members of one group and their outcomes. ``expected``: the size that closes it.
+    ``rest``: the outcome of every member without one of its own (a deadline settles them all at
+    once, without a step per member)."""
 
-    __slots__ = ("key", "expected", "members", "outcomes", "closed")
+    __slots__ = ("key", "expected", "members", "outcomes", "closed", "rest")
 
     def __init__(self, key: Hashable, expected: int, members: Sequence[int] = (), closed: bool = False):
         self.key = key
@@ -54,6 +56,7 @@ class Group:
         self.members: list[int] = list(members)
         self.outcomes: dict[int, Outcome] = {}
         self.closed = closed or len(self.members) >= expected
+        self.rest: Outcome | None = None
 
     def add(self, member: int) -> None:
         if self.closed:
@@ -63,7 +66,7 @@ class Group:
 
     def settle(self, member: int, outcome: Outcome) -> bool:
         """Record a member's outcome; True once the group is settled."""
-        if member in self.outcomes:
+        if member in self.outcomes or self.rest is not None:
             raise ValueError(f"sample {member} of group {self.key[1]!r} settled twice")
         self.outcomes[member] = outcome
         return self.complete
@@ -75,13 +78,43 @@ class Group:
 
     @property
     def complete(self) -> bool:
-        return self.closed and len(self.outcomes) == len(self.members)
+        return self.closed and (self.rest is not None or len(self.outcomes) == len(self.members))
 
     def is_settled(self, member: int) -> bool:
-        return member in self.outcomes
+        return member in self.outcomes or self.rest is not None
 
     def settled(self) -> SettledGroup:
-        return SettledGroup(self.key, list(self.members), [self.outcomes[m] for m in self.members])
+        if self.rest is None:
+            return SettledGroup(self.key, list(self.members), [self.outcomes[m] for m in self.members])
+        return SettledGroup(self.key, list(self.members), [self.outcomes.get(m, self.rest) for m in self.members])
+
+
+class UniformGroups:
+    """Ready groups that all resolve alike: every member failed the same way before any of them
+    settled on its own (a deadline that found them queued), so one score and one extra info
+    stand for all of them. One entry in a ticket's ready queue, however many groups; each group's
+    ``GroupResult`` is built only as a ``take`` hands it out (the deadline itself does no work per
+    sample). The extra info is one dict shared by the groups' results: read, never written."""
+
+    __slots__ = ("groups", "score", "extra", "latency", "ready_after", "ready_at", "_columns")
+
+    def __init__(self, groups: Iterable[Group], score: float, extra: dict, latency: float, ready_after: float,
+                 ready_at: float):
+        self.groups: deque[Group] = deque(groups)
+        self.score, self.extra, self.latency = score, extra, latency
+        self.ready_after, self.ready_at = ready_after, ready_at
+        self._columns: dict[int, tuple[list, list, list]] = {}  # per group size: scores, extras, latencies
+
+    def pop(self) -> GroupResult:
+        """The next group's result. Groups of one size share their (never written) score, extra
+        and latency lists: a deadline over 40,000 groups of one builds 40,000 results, not 160,000
+        objects (which also wakes the cyclic collector far less)."""
+        group = self.groups.popleft()
+        size = len(group.members)
+        columns = self._columns.get(size)
+        if columns is None:
+            columns = self._columns[size] = ([self.score] * size, [self.extra] * size, [self.latency] * size)
+        return GroupResult(group.key, group.members, *columns, self.ready_after, self.ready_at)
 
 
 def _check_size(size, what: str) -> int:
@@ -112,7 +145,9 @@ class TicketLedger:
         self.open = open
         self._groups: dict[Hashable, Group] = {}
         self._group_of: dict[int, Group] = {}
-        self._ready: deque[GroupResult] = deque()
+        self._unsettled: dict[Hashable, Group] = {}  # in the order they were formed
+        self._ready: deque[GroupResult | UniformGroups] = deque()
+        self._uniform_entries = 0  # UniformGroups in _ready
         self.total_groups = 0
         self.total_samples = 0
         self.taken_groups = 0
@@ -142,13 +177,18 @@ class TicketLedger:
         batch: dict[Hashable, list[int]] = {}
         sizes: dict[Hashable, int] = {}
         seen: set[int] = set()
+        group_of = self._group_of
         for index, uid in samples:
-            if index in seen or index in self._group_of:
+            if index in seen or index in group_of:
                 raise ValueError(f"sample index {index} appears twice in one ticket")
             seen.add(index)
             key = ("uid", uid) if uid is not None else ("sample", index)
-            sizes[key] = self._size_of(uid, index)
-            batch.setdefault(key, []).append(index)
+            members = batch.get(key)
+            if members is None:  # a group's size depends on its uid only: asked once per group
+                batch[key] = [index]
+                sizes[key] = self._size_of(uid, index)
+            else:
+                members.append(index)
         for key, indices in batch.items():
             group = self._groups.get(key)
             have = len(group.members) if group is not None else 0
@@ -159,13 +199,16 @@ class TicketLedger:
                 )
         for key, indices in batch.items():
             group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = Group(key, sizes[key])
+            if group is None:  # (a submitted batch: every group is new, built whole)
+                indices.sort()
+                group = self._groups[key] = self._unsettled[key] = Group(key, sizes[key], indices)
                 self.total_groups += 1
+            else:
+                for index in indices:
+                    group.add(index)
+                group.members.sort()
             for index in indices:
-                group.add(index)
-                self._group_of[index] = group
-            group.members.sort()
+                group_of[index] = group
             self.total_samples += len(indices)
 
     def close(self) -> list[SettledGroup]:
@@ -174,6 +217,7 @@ class TicketLedger:
         settled = []
         for group in self._groups.values():
             if not group.closed and group.close():
+                del self._unsettled[group.key]
                 settled.append(group.settled())
         return settled
 
@@ -185,7 +229,23 @@ class TicketLedger:
             raise KeyError(f"sample index {index} is not part of this ticket")
         if not group.settle(index, outcome):
             return None
+        del self._unsettled[group.key]
         return group.settled()
+
+    def settle_rest(self, outcome: Outcome) -> tuple[list[Group], list[SettledGroup]]:
+        """Every sample without an outcome ends with ``outcome`` (a deadline; membership is final).
+        Returns the groups none of whose members had an outcome (they all resolve alike:
+        ``mark_ready_uniform``) and the settled form of the others. No call per sample or per
+        untouched group: a deadline over a backlog of 40,000 must not take a step per sample."""
+        if self.open:
+            raise ValueError("close the ticket before settling the rest of its samples")
+        groups = list(self._unsettled.values())
+        self._unsettled.clear()
+        for group in groups:
+            group.rest = outcome
+        untouched = [group for group in groups if not group.outcomes]
+        touched = [group.settled() for group in groups if group.outcomes]
+        return untouched, touched
 
     def is_settled(self, index: int) -> bool:
         return self._group_of[index].is_settled(index)
@@ -194,13 +254,25 @@ class TicketLedger:
         """The group sample ``index`` belongs to (its ``closed``: the membership is final)."""
         return self._group_of[index]
 
+    @property
+    def all_settled(self) -> bool:
+        return not self.open and not self._unsettled
+
     # -- handing out ----------------------------------------------------------------------------
     def mark_ready(self, group: GroupResult) -> None:
         self._ready.append(group)
 
+    def mark_ready_uniform(self, groups: UniformGroups) -> None:
+        """Many groups ready at once, resolved alike (their results are built as they are taken)."""
+        if groups.groups:
+            self._ready.append(groups)
+            self._uniform_entries += 1
+
     @property
     def ready_groups(self) -> int:
-        return len(self._ready)
+        if not self._uniform_entries:
+            return len(self._ready)
+        return sum(len(entry.groups) if type(entry) is UniformGroups else 1 for entry in self._ready)
 
     @property
     def remaining_samples(self) -> int:
@@ -225,6 +297,8 @@ class TicketLedger:
         remaining ones when fewer remain, or when ``n`` is None, once the ticket is closed and they
         are all ready. None when not enough are ready yet: nothing is consumed then."""
         self.check_request(n)
+        if self._uniform_entries:
+            self._build_uniform(n)
         remaining = self.total_groups - self.taken_groups
         count = 0
         if n is None:
@@ -244,6 +318,27 @@ class TicketLedger:
         self.taken_groups += count
         self.taken_samples += sum(len(group.indices) for group in taken)
         return taken
+
+    def _build_uniform(self, n: int | None) -> None:
+        """Build the results of uniformly resolved groups in front of the ready queue, as many as a
+        ``take(n)`` could hand out (all of them for ``n=None``): the cost of a deadline's groups
+        is paid as they are handed out, not when the deadline settles them."""
+        ready, front, samples = self._ready, [], 0
+        while ready and (n is None or samples < n):
+            entry = ready.popleft()
+            if type(entry) is not UniformGroups:
+                front.append(entry)
+                samples += len(entry.indices)
+                continue
+            while entry.groups and (n is None or samples < n):
+                result = entry.pop()
+                front.append(result)
+                samples += len(result.indices)
+            if entry.groups:
+                ready.appendleft(entry)
+                break
+            self._uniform_entries -= 1
+        ready.extendleft(reversed(front))
 
     def put_back(self, groups: list[GroupResult]) -> None:
         """Undo a ``take`` whose taker never received it (timed out or cancelled at that moment):
