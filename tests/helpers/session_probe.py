@@ -72,6 +72,12 @@ class ProbeJudge:
             raise ValueError(f"injected reward failure ({probe})")
         return {"score": identity(probe), "usage": verdict["usage"]}
 
+    def estimate_input_tokens(self, data_source, solution_str, ground_truth, extra_info=None) -> int:
+        """What a budget reserves: the shipped judge's bound of the prompt it sends (the same call)."""
+        from verl_async_rm.user_rewards.llm_judge import estimate_input_tokens
+
+        return estimate_input_tokens(data_source, solution_str, ground_truth, extra_info)
+
     def post_process_scores(self, scores):
         with open(self.hook_log, "a") as f:
             f.write(json.dumps(list(scores)) + "\n")

@@ -154,13 +154,22 @@ def test_a_run_parked_at_its_gate_is_frozen_until_its_gate_opens(tmp_path, monke
         park_at_gates(lanes, poll_s=0.05)
         assert all(lane.at_gate and lane.frozen for lane in lanes)
         busy = [_busy_child(lane) for lane in lanes]
+        # SIGSTOP takes effect when the kernel next schedules the process: on a loaded machine its status
+        # may read "running" for a moment after the signal was sent, so wait for it (a run never frozen
+        # stays "running" and fails here)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                p.status() == psutil.STATUS_STOPPED for p in [*busy, *(psutil.Process(lane.proc.pid) for lane in lanes)]):
+            time.sleep(0.05)
         assert all(p.status() == psutil.STATUS_STOPPED for p in busy)
         assert all(psutil.Process(lane.proc.pid).status() == psutil.STATUS_STOPPED for lane in lanes)
         before = [_cpu_s(p) for p in busy]
         time.sleep(0.5)
         assert [_cpu_s(p) for p in busy] == before  # frozen: not a tick of CPU
         lanes[0].open_gate()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10  # the opened one runs (as soon as a loaded machine gives it a core)
+        while time.monotonic() < deadline and _cpu_s(busy[0]) <= before[0] + 0.1:
+            time.sleep(0.05)
         assert _cpu_s(busy[0]) > before[0] + 0.1 and _cpu_s(busy[1]) == before[1]  # only the opened one runs
         result = lanes[0].wait(poll_s=0.05)
         assert result.ok and result.series("timing_s/step") == [(1, 0.5)]

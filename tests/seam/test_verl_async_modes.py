@@ -179,7 +179,7 @@ def test_every_settled_sample_is_in_the_verdict_log_once_under_verls_uid(runs, m
     out, result, _ = runs[mode]
     assert result.ok
     calls = training_calls(out)
-    verdicts = read_jsonl(out / "verdicts.jsonl")
+    verdicts = [r for r in read_jsonl(out / "verdicts.jsonl") if "key" in r]  # not the reward's identity records
     assert len({v["key"] for v in verdicts}) == len(verdicts) <= len(read_jsonl(out / "calls.jsonl"))  # once each
     logged = Counter(v["uid"] for v in verdicts)
     failures = Counter(v["uid"] for v in verdicts if v["failure"])
