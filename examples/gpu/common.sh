@@ -3,11 +3,13 @@
 # overridden from the environment; any extra hydra override given to a run script goes last, so it wins.
 #
 # The experiment (the recipe's): GRPO on GSM8K, rewards behind a simulated remote call of uniform
-# LATENCY_LO..LATENCY_HI seconds per sample (1-40 s), one node of 8 GPUs, vLLM rollout, four lanes:
+# LATENCY_LO..LATENCY_HI seconds per sample (1-40 s), one node of 8 GPUs, vLLM rollout, six lanes:
 #   baseline    verl's trainer, rewards scored through the async_agent manager inside verl's agent loop
 #   pipeline    + mini_batch_pipeline=true (update on each PPO mini-batch of scored groups)
 #   off_policy  + off_policy_steps=1 (generate the next batch while this one's rewards are in flight)
 #   both        + both
+#   colocate_async        verl's trainer_mode=colocate_async with verl's own reward loop (rate_limited)
+#   colocate_async_agent  verl's trainer_mode=colocate_async with the async_agent manager
 # The training settings follow verl 0.9's GSM8K GRPO examples (examples/grpo_trainer/run_qwen2-7b*.sh).
 
 : "${DATA_DIR:=$HOME/data/gsm8k}"          # train.parquet / test.parquet (prepare_gsm8k.py)
@@ -25,7 +27,13 @@ lane_flags() {
     pipeline) echo "mini_batch_pipeline=true" ;;
     off_policy) echo "off_policy_steps=1" ;;
     both) echo "mini_batch_pipeline=true off_policy_steps=1" ;;
-    *) echo "unknown lane '$1': use baseline, pipeline, off_policy or both" >&2; return 2 ;;
+    # verl's own asynchronous mode (rewards scored in the background while the GPUs train, partial
+    # rollouts), with verl's reward loop at its best for a rate-limited judge: its rate_limited
+    # manager (limits per reward-loop worker process), verl's default reward.num_workers
+    colocate_async) echo "trainer.v1.trainer_mode=colocate_async reward.reward_manager.name=rate_limited +reward.max_concurrent=$AGENT_CONCURRENCY" ;;
+    # ... and with the async_agent manager (the common overrides' manager): one agent for every worker
+    colocate_async_agent) echo "trainer.v1.trainer_mode=colocate_async" ;;
+    *) echo "unknown lane '$1': use baseline, pipeline, off_policy, both, colocate_async or colocate_async_agent" >&2; return 2 ;;
   esac
 }
 

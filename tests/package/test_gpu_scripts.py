@@ -23,7 +23,11 @@ SCRIPTS = {
     "run_qwen2_5_3b_megatron.sh": ("Qwen/Qwen2.5-3B-Instruct", "megatron"),
     "run_qwen2_7b_megatron.sh": ("Qwen/Qwen2-7B-Instruct", "megatron"),
 }
-LANES = {"baseline": (False, 0), "pipeline": (True, 0), "off_policy": (False, 1), "both": (True, 1)}
+# lane -> (mini_batch_pipeline, off_policy_steps, trainer_mode, reward manager)
+LANES = {"baseline": (False, 0, "sync", "async_agent"), "pipeline": (True, 0, "async_reward", "async_agent"),
+         "off_policy": (False, 1, "async_reward", "async_agent"), "both": (True, 1, "async_reward", "async_agent"),
+         "colocate_async": (False, 0, "colocate_async", "rate_limited"),
+         "colocate_async_agent": (False, 0, "colocate_async", "async_agent")}
 
 
 def script_argv(script: str, lane: str, tmp_path, *extra: str) -> list[str]:
@@ -56,12 +60,15 @@ def compose_as_main_ppo(argv: list[str]):
 def test_each_script_and_lane_composes_and_passes_the_start_checks(script, lane, tmp_path):
     config = compose_as_main_ppo(script_argv(script, lane, tmp_path))
     model, backend = SCRIPTS[script]
-    pipeline, off_policy = LANES[lane]
+    pipeline, off_policy, trainer_mode, manager = LANES[lane]
     assert config.mini_batch_pipeline is pipeline and config.off_policy_steps == off_policy
+    assert config.trainer.v1.trainer_mode == trainer_mode  # our strategies on v1 run as the async_reward mode
     assert config.actor_rollout_ref.model.path == model
     assert config.actor_rollout_ref.actor.strategy == backend
     assert config.actor_rollout_ref.rollout.name == "vllm" and config.algorithm.adv_estimator == "grpo"
-    assert config.reward.reward_manager.name == "async_agent"
+    assert config.reward.reward_manager.name == manager
+    if manager == "rate_limited":  # verl's own reward loop, given the agent's concurrency
+        assert config.reward.max_concurrent == 8192 and config.reward.num_workers == 8
     assert config.reward.custom_reward_function.reward_kwargs == {"latency_lo": 1, "latency_hi": 40}
     assert config.data.train_files == "/data/gsm8k/train.parquet"
     assert config.trainer.n_gpus_per_node == 8 and config.trainer.experiment_name.endswith(lane)
