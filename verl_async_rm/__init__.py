@@ -14,17 +14,20 @@ _EXPORTS = {
     "RewardAgent": "verl_async_rm.agent",
     "AsyncRewardAgent": "verl_async_rm.agent",
     "RewardClient": "verl_async_rm.client",
-    "AgentClosed": "verl_async_rm.outcome",
-    "FailureBudgetExceeded": "verl_async_rm.outcome",
     "AgentConfig": "verl_async_rm.config",
     "RewardSpec": "verl_async_rm.loader",
     "load_reward": "verl_async_rm.loader",
-    "RewardError": "verl_async_rm.outcome",
-    "RewardFunctionError": "verl_async_rm.outcome",
-    "RewardItem": "verl_async_rm.outcome",
-    "TicketCancelled": "verl_async_rm.outcome",
-    "ScoredChunk": "verl_async_rm.outcome",
-    "RetryableError": "verl_async_rm.retry",
+    "RewardItem": "verl_async_rm.items",
+    "ScoredChunk": "verl_async_rm.outcomes",
+    # the exceptions: one tree under AsyncRMError (errors.py)
+    "AsyncRMError": "verl_async_rm.errors",
+    "AgentClosed": "verl_async_rm.errors",
+    "BudgetExceeded": "verl_async_rm.errors",
+    "FailureBudgetExceeded": "verl_async_rm.errors",
+    "RetryableError": "verl_async_rm.errors",
+    "RewardError": "verl_async_rm.errors",
+    "RewardFunctionError": "verl_async_rm.errors",
+    "TicketCancelled": "verl_async_rm.errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import importlib
 
+from verl_async_rm.errors import VerlVersionError
+
 SUPPORTED_VERL = ("0.9.1", "0.10")  # >= lower, < upper
-
-
-class VerlVersionError(RuntimeError):
-    """The installed verl is not a release this package supports, or lacks an internal it needs."""
 
 
 def _parse(version: str) -> tuple[int, ...]:

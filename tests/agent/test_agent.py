@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REWARDS
 from verl_async_rm.agent import RewardAgent
-from verl_async_rm.outcome import RewardError, TicketCancelled
+from verl_async_rm.errors import RewardError, TicketCancelled
 
 pytestmark = pytest.mark.quick
 EXAMPLES = str(REWARDS / "examples.py")

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_async_rm.agent import AsyncRewardAgent
-from verl_async_rm.outcome import FailureBudgetExceeded, RewardError, TicketCancelled
+from verl_async_rm.errors import FailureBudgetExceeded, RewardError, TicketCancelled
 
 from tests.helpers.harness import virtual
 

@@ -52,15 +52,15 @@ from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, Stream
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending, budget_estimator
 from verl_async_rm.engine.verdicts import VerdictBook
+from verl_async_rm.errors import AgentClosed, BudgetExceeded, FailureBudgetExceeded, RewardError, TicketCancelled
+from verl_async_rm.failure_policy import resolve_group
+from verl_async_rm.items import RewardItem
 from verl_async_rm.limits import approx_tokens, checked_estimate, strict_bucket
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
-from verl_async_rm.normalize import normalize_group_scores
-from verl_async_rm.outcome import (
-    AgentClosed, BudgetExceeded, Failed, FailureBudgetExceeded, Outcome, RewardError, RewardItem, TicketCancelled,
-)
-from verl_async_rm.policy import resolve_group
+from verl_async_rm.outcomes import Failed, Outcome
 from verl_async_rm.retry import RetryPolicy
+from verl_async_rm.reward_returns import normalize_group_scores
 
 _log = logging.getLogger(__name__)
 

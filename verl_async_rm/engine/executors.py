@@ -23,8 +23,8 @@ import functools
 from typing import Awaitable, Callable
 
 from verl_async_rm import process_worker
+from verl_async_rm.items import RewardItem
 from verl_async_rm.loader import UserReward
-from verl_async_rm.outcome import RewardItem
 from verl_async_rm.thread_bridge import ThreadBridge
 
 

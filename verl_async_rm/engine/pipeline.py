@@ -41,10 +41,12 @@ from verl_async_rm.cache import ResultCache, request_key
 from verl_async_rm.cost import USAGE_KEY, Usage, take_usage
 from verl_async_rm.engine.flow import FlowControl
 from verl_async_rm.engine.spend import Spending
+from verl_async_rm.errors import RewardFunctionError
+from verl_async_rm.items import RewardItem, unsendable_text
 from verl_async_rm.limits import LeakyBucket
-from verl_async_rm.normalize import normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored, unsendable_text
+from verl_async_rm.outcomes import Failed, Outcome, Scored
 from verl_async_rm.retry import RetryPolicy, classify
+from verl_async_rm.reward_returns import normalize_score
 
 _log = logging.getLogger(__name__)
 _PLAIN = (float, int, bool, dict, tuple, str, type(None))  # what a reward returns: never awaitable
@@ -90,7 +92,7 @@ class Sample:
         return Scored(score, extra, self.attempts + 1)
 
     def unsendable(self) -> str | None:
-        """Why this request cannot be sent at all (``outcome.unsendable_text``), or None."""
+        """Why this request cannot be sent at all (``items.unsendable_text``), or None."""
         return unsendable_text(self.item)
 
 

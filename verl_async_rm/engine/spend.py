@@ -67,7 +67,7 @@ class Spending:
 
     def reservation(self, sample) -> Usage:
         """Estimated once per sample (a head-of-line sample waiting for room is asked again and again).
-        Raises ``limits.EstimateRefused`` for an estimate that is not a finite number >= 0."""
+        Raises ``errors.EstimateRefused`` for an estimate that is not a finite number >= 0."""
         if sample.input_estimate is None:
             sample.input_estimate = math.ceil(self.estimate(sample.item))
         return Usage(sample.input_estimate, self.reserve_output)

@@ -15,7 +15,7 @@ from verl_async_rm.cost import INPUT_KEY, OUTPUT_KEY, Prices
 from verl_async_rm.engine.group_judge import GroupCall
 from verl_async_rm.engine.pipeline import DONE
 from verl_async_rm.loader import UserReward, source_file
-from verl_async_rm.outcome import Outcome, Scored
+from verl_async_rm.outcomes import Outcome, Scored
 from verl_async_rm.verdict_log import (
     VERSION, RewardIdentity, VerdictWriter, group_request_keys, load_resume_answers, request_key, reward_record,
     verdict_key, verdict_text,
