@@ -160,14 +160,24 @@ class CostLedger:
             return False
         return self.money_budget is None or self.prices.cost(usage) <= self.money_budget
 
-    def admit(self, reservation: Usage) -> bool | None:
-        """True: reserved, send it. False: wait (reservations in flight may free room). None: it can
-        never fit (nothing in flight): the budget is spent."""
+    def room(self, reservation: Usage) -> bool | None:
+        """True: it fits now. False: wait (reservations in flight may free room). None: it can never
+        fit (nothing in flight): the budget is spent."""
         if self.fits(self.charged + self.reserved + reservation):
-            self.reserved += reservation
-            self.in_flight += 1
             return True
         return False if self.in_flight else None
+
+    def reserve(self, reservation: Usage) -> None:
+        """A request that fits (``room``) is sent: hold its reservation until it ends (``release``)."""
+        self.reserved += reservation
+        self.in_flight += 1
+
+    def admit(self, reservation: Usage) -> bool | None:
+        """``room``, and the reservation held when it fits."""
+        room = self.room(reservation)
+        if room:
+            self.reserve(reservation)
+        return room
 
     def release(self, reservation: Usage, reported: Usage | None, *, charge: bool = True) -> None:
         """An admitted request ended: charge what it reported, else its reservation (``charge``

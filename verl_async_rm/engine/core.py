@@ -49,13 +49,14 @@ from verl_async_rm.engine.group_judge import (
     GroupCall, GroupCallOwner, check_group_judge_config, group_executor, group_tokens, member_outcomes,
 )
 from verl_async_rm.engine.ledger import Group, GroupResult, SettledGroup, StreamGroups, TicketLedger, UniformGroups, stream_key
+from verl_async_rm.engine.meters import rate_meters
 from verl_async_rm.engine.pipeline import DONE, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending, budget_estimator
 from verl_async_rm.engine.verdicts import VerdictBook
 from verl_async_rm.errors import AgentClosed, BudgetExceeded, FailureBudgetExceeded, RewardError, TicketCancelled
 from verl_async_rm.failure_policy import resolve_group
 from verl_async_rm.items import RewardItem
-from verl_async_rm.limits import approx_tokens, checked_estimate, strict_bucket
+from verl_async_rm.limits import approx_tokens, checked_estimate
 from verl_async_rm.loader import UserReward
 from verl_async_rm.metrics import AgentMetrics
 from verl_async_rm.outcomes import Failed, Outcome
@@ -145,7 +146,7 @@ class ScoringEngine:
             token_estimator = group_tokens(token_estimator) if token_estimator is not None else None
         # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py). A
         # budget nothing can estimate is refused here, before any worker starts (engine/spend.py).
-        self.spend = Spending(config, budget_estimator(reward, token_estimator, config))
+        self.spend = Spending(config, budget_estimator(reward, token_estimator, config), on_spent=self._budget_spent)
         if reward.is_group_judge:
             calls = group_executor(reward, config.sync_workers, loop)
         else:
@@ -156,6 +157,19 @@ class ScoringEngine:
         # The first error that stopped scoring for good (budget spent, failures systematic, closed): a
         # caller with no ticket to fail (verl's per-sample path) asks for it (snapshot's "stopped").
         self.stopped: BaseException | None = None
+        # Admission's meters after the concurrency cap and the flow control (engine/meters.py): the
+        # rate limits, or the lease that stands for them when shared across jobs, then the budget.
+        token_estimate = checked_estimate(rate_estimator, "token_estimator")
+        self.shared = None
+        if config.shared_limits is not None:  # Ray is imported only then (shared_limits.py)
+            from verl_async_rm.shared_limits import SharedLimitsClient
+
+            self.shared = SharedLimitsClient(self.flow, config, loop, token_estimate)
+            meters: list = [self.shared]
+        else:
+            meters = rate_meters(config.requests_per_minute, config.tokens_per_minute, token_estimate)
+        if self.spend.limited:
+            meters.append(self.spend)
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -168,19 +182,13 @@ class ScoringEngine:
             on_systemic_failure=self._systemic_failure,
             max_hung_calls=config.max_hung_calls,
             max_throttled_s=config.max_throttled_s,
-            rpm=strict_bucket(config.requests_per_minute) if config.requests_per_minute else None,
-            tpm=strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None,
-            token_estimator=checked_estimate(rate_estimator, "token_estimator"),
+            meters=meters,
             cache=ResultCache(config.cache_size) if config.cache else None,
             spend=self.spend,
-            on_budget_spent=self._budget_spent,
             answer_early=functools.partial(self.verdicts.answer_from_log, settle=self._settle) if self.verdicts else None,
         )
-        self.shared = None
-        if config.shared_limits is not None:  # Ray is imported only then (shared_limits.py)
-            from verl_async_rm.shared_limits import SharedLimitsClient
-
-            self.shared = SharedLimitsClient(self.pipeline, self.flow, config, loop)
+        if self.shared is not None:
+            self.shared.bind(self.pipeline)
         self.tickets: dict[str, TicketRun] = {}
         self.finished: OrderedDict[str, BaseException | None] = OrderedDict()  # None: drained
         self.stream = StreamGroups()
