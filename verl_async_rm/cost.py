@@ -136,6 +136,20 @@ class Prices:
         return (input_tokens * float(self.input_per_million) + output_tokens * float(self.output_per_million)) / MILLION
 
 
+@dataclass(frozen=True)
+class CostStatistics:
+    input_tokens: int  # reported by the judge
+    output_tokens: int
+    cost: float  # of the reported usage, at the configured prices
+    estimated_input_tokens: int  # charged from reservations: requests that reported no usage
+    estimated_output_tokens: int
+    estimated_cost: float
+    usage_reported_requests: int
+    usage_estimated_requests: int
+    reserved_tokens: int  # held by requests in flight
+    budget_overruns: int  # requests that reported more than their reservation
+
+
 class CostLedger:
     """Charged and reserved tokens against an optional token and money budget."""
 
@@ -214,19 +228,19 @@ class CostLedger:
         return (f"{' and '.join(parts)}: {charged.total} tokens charged ({self.money(charged):.6g} money), "
                 f"{self.reserved.total} reserved in flight")
 
-    def snapshot(self) -> dict:
-        return {
-            "input_tokens": self.reported.input_tokens,
-            "output_tokens": self.reported.output_tokens,
-            "cost": self.money(self.reported),
-            "estimated_input_tokens": self.estimated.input_tokens,
-            "estimated_output_tokens": self.estimated.output_tokens,
-            "estimated_cost": self.money(self.estimated),
-            "usage_reported_requests": self.reported_requests,
-            "usage_estimated_requests": self.estimated_requests,
-            "reserved_tokens": self.reserved.total,
-            "budget_overruns": self.overruns,
-        }
+    def statistics(self) -> CostStatistics:
+        return CostStatistics(
+            input_tokens=self.reported.input_tokens,
+            output_tokens=self.reported.output_tokens,
+            cost=self.money(self.reported),
+            estimated_input_tokens=self.estimated.input_tokens,
+            estimated_output_tokens=self.estimated.output_tokens,
+            estimated_cost=self.money(self.estimated),
+            usage_reported_requests=self.reported_requests,
+            usage_estimated_requests=self.estimated_requests,
+            reserved_tokens=self.reserved.total,
+            budget_overruns=self.overruns,
+        )
 
 
 def chunk_usage(extra_info: Mapping[str, list]) -> Usage:

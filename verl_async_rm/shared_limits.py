@@ -138,6 +138,15 @@ class LeasedPermits:
         return max(0.0, queued * self.typical - self.available(now))
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedLimitsStatistics:
+    shared_slots: int  # the lease's concurrency now (the job's own cap while on local limits)
+    shared_heartbeats: int  # grants received
+    shared_reattached: int  # registrations with a limiter found again (or re-created) after a failure
+    shared_local_fallbacks: int  # times no limiter answered for lease_ttl
+    shared_on_local_limits: bool  # on the job's own limits now
+
+
 class SharedLimitsClient:
     """One job's lease on the endpoint's limits, renewed on the engine's loop; admission's meter for
     them (``wait``/``take``). ``bind`` gives it the pipeline it admits for, and starts the renewals."""
@@ -377,10 +386,8 @@ class SharedLimitsClient:
         self.slots = grant["slots"]
         self._pump()
 
-    def snapshot(self) -> dict:
-        return {"shared_slots": self.slots, "shared_heartbeats": self.heartbeats,
-                "shared_reattached": self.reattached, "shared_local_fallbacks": self.local_fallbacks,
-                "shared_on_local_limits": self.local}
+    def statistics(self) -> SharedLimitsStatistics:
+        return SharedLimitsStatistics(self.slots, self.heartbeats, self.reattached, self.local_fallbacks, self.local)
 
     async def aclose(self) -> None:
         self._closed = True

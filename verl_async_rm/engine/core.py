@@ -60,7 +60,7 @@ from verl_async_rm.errors import AgentClosed, FailureBudgetExceeded, RewardError
 from verl_async_rm.items import RewardItem
 from verl_async_rm.limits import approx_tokens, checked_estimate
 from verl_async_rm.loader import UserReward
-from verl_async_rm.metrics import AgentMetrics
+from verl_async_rm.metrics import AgentMetrics, AgentStatistics
 from verl_async_rm.outcomes import Failed, Outcome
 from verl_async_rm.retry import RetryPolicy
 
@@ -268,21 +268,24 @@ class ScoringEngine:
         return self.book.hook_tasks() + list(self.stream.hooks)
 
     # -- metrics and shutdown -------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        now = self.loop.time()
-        return self.metrics.snapshot(
-            **self.pipeline.snapshot(),
+    def statistics(self) -> AgentStatistics:
+        """Each part's frozen statistics, composed."""
+        return AgentStatistics(
+            samples=self.metrics.statistics(),
+            pipeline=self.pipeline.statistics(),
             effective_cap=self.flow.window or self.config.max_concurrency,
-            open_tickets=len(self.tickets),
-            open_groups=self.stream.groups.open_groups,
-            withdrawn_sessions=self.stream.groups.withdrawn_sessions,
+            tickets=self.book.statistics(),
+            stream=self.stream.statistics(),
             stopped=None if self.stopped is None else f"{type(self.stopped).__name__}: {self.stopped}",
-            **self.flow.snapshot(now),
-            **self.spend.ledger.snapshot(),
-            resumed=self.verdicts.resumed if self.verdicts is not None else 0,
-            verdicts_logged=self.verdicts.writer.written if self.verdicts is not None else 0,
-            **(self.shared.snapshot() if self.shared is not None else {}),
+            flow=self.flow.statistics(self.loop.time()),
+            cost=self.spend.ledger.statistics(),
+            verdict_log=self.judge.statistics(),
+            shared=self.shared.statistics() if self.shared is not None else None,
         )
+
+    def snapshot(self) -> dict:
+        """``statistics()`` as the flat dict ``metrics()`` returns."""
+        return self.statistics().as_dict()
 
     async def aclose(self, timeout: float = 10.0) -> int:
         """Fail every waiter (``AgentClosed``), stop every call; returns how many calls ignored their

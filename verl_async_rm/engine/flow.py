@@ -37,7 +37,7 @@ pacer (CUBIC in absolute requests/s) overshoots at low rates, rejecting ~12% at 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 MIN_RATE = 0.01  # requests/s: a learned pace never goes below one request per 100 s
 RELIABLE_EVIDENCE = 10  # a measurement resting on this many answers is kept for the max filter
@@ -55,6 +55,15 @@ class FlowSettings:
     horizon_s: float = 60.0  # throttle events older than this are not used to measure (but the last one)
     release_factor: float = 8.0  # a pace this far above the measured rate without a throttle is dropped
     min_span_s: float = 0.5  # a rate is measured over at least this long
+
+
+@dataclass(frozen=True)
+class FlowStatistics:
+    paused_s: float  # until the pause ends (0.0: not paused)
+    window: int | None  # sends allowed in flight while recovering (None: only the cap)
+    pace_per_s: float | None  # the pace now, which probes above the rate (None: not paced)
+    service_rate_per_s: float | None  # the service's rate as last measured
+    throttle_events: int  # congestion events so far
 
 
 @dataclass
@@ -353,14 +362,17 @@ class FlowControl:
     def _recent_span(self) -> float:
         return max(self.settings.min_span_s, 3.0 * self._latency)
 
+    def statistics(self, now: float) -> FlowStatistics:
+        return FlowStatistics(
+            paused_s=max(0.0, self.paused_until - now),
+            window=self.window,
+            pace_per_s=self.current_rate(now),
+            service_rate_per_s=self.measured_rate,
+            throttle_events=self.events,
+        )
+
     def snapshot(self, now: float) -> dict:
-        return {
-            "paused_s": max(0.0, self.paused_until - now),
-            "window": self.window,
-            "pace_per_s": self.current_rate(now),
-            "service_rate_per_s": self.measured_rate,
-            "throttle_events": self.events,
-        }
+        return asdict(self.statistics(now))
 
 
 def _between(times: deque[float], start: float, end: float) -> int:

@@ -34,6 +34,7 @@ import asyncio
 import inspect
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from verl_async_rm.cache import ResultCache, request_key
@@ -93,6 +94,15 @@ class Sample:
     def unsendable(self) -> str | None:
         """Why this request cannot be sent at all (``items.unsendable_text``), or None."""
         return unsendable_text(self.item)
+
+
+@dataclass(frozen=True)
+class PipelineStatistics:
+    in_flight: int  # attempts holding a concurrency slot
+    peak_in_flight: int
+    queued: int  # waiting for admission
+    hung_now: int  # calls declared hung that have not returned yet
+    threads: int | None = None  # the thread executor's worker threads (None: another executor)
 
 
 class Attempt:
@@ -620,11 +630,11 @@ class RequestPipeline:
         await self.calls.aclose()
         return stuck
 
-    def snapshot(self) -> dict:
-        return {
-            "in_flight": self.slots.in_flight,
-            "peak_in_flight": self.slots.peak,
-            "queued": sum(1 for s in self.queue if s.state == QUEUED),
-            "hung_now": self.hung_now,
-            **self.calls.statistics(),
-        }
+    def statistics(self) -> PipelineStatistics:
+        return PipelineStatistics(
+            in_flight=self.slots.in_flight,
+            peak_in_flight=self.slots.peak,
+            queued=sum(1 for s in self.queue if s.state == QUEUED),
+            hung_now=self.hung_now,
+            threads=self.calls.threads(),
+        )

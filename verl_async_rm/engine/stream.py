@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from dataclasses import dataclass
 from typing import Callable, Hashable
 
 from verl_async_rm.engine.group_judge import GroupCall, GroupCallOwner
@@ -29,6 +30,12 @@ from verl_async_rm.items import RewardItem
 from verl_async_rm.outcomes import Failed, Outcome
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    open_groups: int  # streamed groups still gathering members
+    withdrawn_sessions: int  # sessions that ended without a sample and shrank their group
 
 
 class StreamMember:
@@ -187,6 +194,9 @@ class SampleStream:
         where = f"{self.reward.label}.post_process_scores on group {group.key[1]!r}"
         self.resolution.resolve(group.settled(), deliver, deadline, where, self.hooks,
                                 sample_of=lambda position: next(m.sample for m in members if m.position == position))
+
+    def statistics(self) -> StreamStatistics:
+        return StreamStatistics(self.groups.open_groups, self.groups.withdrawn_sessions)
 
     # -- failing everything -------------------------------------------------------------------------
     def unsettled(self) -> list[Sample]:

@@ -22,6 +22,7 @@ import asyncio
 import functools
 import itertools
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Hashable, Mapping
 
 from verl_async_rm.engine.budget import TicketBudget
@@ -35,6 +36,11 @@ from verl_async_rm.items import RewardItem
 from verl_async_rm.outcomes import Failed, Outcome
 
 REMEMBERED_TICKETS = 100_000  # finished ticket ids remembered (drained: empty chunk; cancelled: error)
+
+
+@dataclass(frozen=True)
+class TicketStatistics:
+    open_tickets: int  # submitted or opened, not yet drained, failed or cancelled
 
 
 class TicketRun:
@@ -355,6 +361,9 @@ class TicketBook:
 
     def hook_tasks(self) -> list[asyncio.Task]:
         return [task for run in self.runs.values() for task in run.hooks]
+
+    def statistics(self) -> TicketStatistics:
+        return TicketStatistics(len(self.runs))
 
     # -- settling -----------------------------------------------------------------------------------
     def settled(self, run: TicketRun, sample: Sample, outcome: Outcome, failed: bool, now: float) -> None:
