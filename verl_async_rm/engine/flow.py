@@ -181,11 +181,12 @@ class FlowControl:
             if self._idle_since is not None:  # sending again: the curve resumes where it stood
                 self._rate_at += max(0.0, now - self._idle_since)
                 self._idle_since = None
-            rate = self.current_rate(now)
-            if rate is not None:
-                self._next_send = max(now, self._next_send) + 1.0 / rate
-            elif self.measured_rate is not None:
-                self.measured_rate = None  # released (see current_rate)
+            if self.measured_rate is not None:  # (asked only then: a call per request saved on the hot path)
+                rate = self.current_rate(now)
+                if rate is not None:
+                    self._next_send = max(now, self._next_send) + 1.0 / rate
+                else:
+                    self.measured_rate = None  # released (see current_rate)
             if self.epoch >= self._countable:  # never before the first throttle: the hot path stays lean
                 self._record(self._sent, now, now)
 

@@ -53,9 +53,9 @@ class Meter(Protocol):
 
 
 class ConcurrencyCap:
-    """``limit`` requests at once. A slot is taken when a request starts and given back
-    (``release``) when its call really ends: a thread that keeps running after its timeout keeps
-    its slot until it returns or is declared hung (``pipeline.py``)."""
+    """``limit`` requests at once. A slot is taken when a request starts and given back by the
+    pipeline (``in_flight``) when its call really ends: a thread that keeps running after its
+    timeout keeps its slot until it returns or is declared hung (``pipeline.py``)."""
 
     __slots__ = ("limit", "in_flight", "peak")
     reserves = False
@@ -72,9 +72,6 @@ class ConcurrencyCap:
         self.in_flight += 1
         if self.in_flight > self.peak:
             self.peak = self.in_flight
-
-    def release(self) -> None:
-        self.in_flight -= 1
 
 
 class RequestRate:

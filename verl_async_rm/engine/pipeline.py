@@ -488,7 +488,7 @@ class RequestPipeline:
             # the FIFO of timeouts nor the sample's own reference back (a cycle the collector would
             # have to find) keeps the sample, or its ticket, alive.
             attempt.sample = None
-            self.slots.release()
+            self.slots.in_flight -= 1  # its slot back (the cap is the pipeline's own meter)
             self.pump()
 
     def _attempt_ended(
