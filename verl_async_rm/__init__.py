@@ -19,8 +19,7 @@ _EXPORTS = {
     "load_reward": "verl_async_rm.loader",
     "RewardItem": "verl_async_rm.items",
     "ScoredChunk": "verl_async_rm.outcomes",
-    # the exceptions: one tree under AsyncRMError (errors.py)
-    "AsyncRMError": "verl_async_rm.errors",
+    # the exceptions: one tree under AsyncRMError (below; the tree: errors.py)
     "AgentClosed": "verl_async_rm.errors",
     "BudgetExceeded": "verl_async_rm.errors",
     "FailureBudgetExceeded": "verl_async_rm.errors",
@@ -29,7 +28,14 @@ _EXPORTS = {
     "RewardFunctionError": "verl_async_rm.errors",
     "TicketCancelled": "verl_async_rm.errors",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "AsyncRMError"])
+
+
+class AsyncRMError(Exception):
+    """The base of every exception verl-async-rm raises (the tree: ``verl_async_rm/errors.py``).
+    Defined with the package itself: on a verl it does not support, the plugin verl loads in every
+    one of its processes raises ``verl_compat.VerlVersionError`` without loading any other module
+    of ours."""
 
 
 def __getattr__(name: str):

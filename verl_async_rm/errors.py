@@ -30,14 +30,22 @@ Not in the tree: a bad argument or setting is the built-in ``ValueError``/``Type
 ``ValidationError`` for a config), an unknown ticket a ``KeyError``, and a ``get`` that times out
 the built-in ``TimeoutError`` (nothing consumed): what Python code expects for those.
 
-Plain classes, no imports: every module may raise from here without an import cycle.
+Plain classes: every module may raise from here without an import cycle. Two live elsewhere and
+are imported here, so that verl's plugin, on a verl this package does not support, loads nothing of
+ours beyond the version check: ``AsyncRMError`` (the package's ``__init__``) and
+``VerlVersionError`` (``verl_compat.py``).
 """
 
 from __future__ import annotations
 
+from verl_async_rm import AsyncRMError
+from verl_async_rm.verl_compat import VerlVersionError
 
-class AsyncRMError(Exception):
-    """The base of every exception verl-async-rm raises."""
+__all__ = [
+    "AsyncRMError", "RewardError", "FailureBudgetExceeded", "BudgetExceeded", "TicketCancelled", "AgentClosed",
+    "RewardAgentStopped", "RewardFunctionError", "EstimateRefused", "LimitsConflict", "RewardChanged",
+    "VerlVersionError", "RetryableError",
+]
 
 
 class RewardError(AsyncRMError, RuntimeError):
@@ -81,10 +89,6 @@ class LimitsConflict(AsyncRMError, ValueError):
 
 class RewardChanged(AsyncRMError, ValueError):
     """A resume against a log written by another reward (or by an unknown one)."""
-
-
-class VerlVersionError(AsyncRMError, RuntimeError):
-    """The installed verl is not a release this package supports, or lacks an internal it needs."""
 
 
 class RetryableError(AsyncRMError):
