@@ -1,4 +1,4 @@
-"""The agent benchmark's explanations, measured: the figures behind README's notes on sync throughput
+"""The agent benchmark's explanations, measured: the figures behind the docs' notes on sync throughput
 and get wake-up.
 
 1. Sync zero-latency throughput, this tree vs an older revision (--base), alternating rounds, each

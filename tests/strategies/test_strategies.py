@@ -512,7 +512,7 @@ def test_masked_failures_reach_the_update_with_no_loss_tokens_and_the_rest_with_
     assert values(result, "async_rm/masked_samples") == masked_per_step
     assert values(result, "async_rm/dropped_groups") == dropped_per_step
     assert failed_total > 0 and sum(masked_per_step) >= failed_total
-    # what the README says of verl's own data metrics: computed on the batch as generated, so a masked
+    # what docs/guide/strategies.md says of verl's own data metrics: computed on the batch as generated, so a masked
     # sample is no aborted one there and critic/score/* averages its stand-in score (neutral's)
     assert set(values(result, "response/aborted_ratio")) == {0.0}
     scores = [np.mean([row["score"] for row in rows]) for _, rows in sorted(dumped(directory).items())]

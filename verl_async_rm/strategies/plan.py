@@ -33,7 +33,7 @@ GROUP_EXACT = frozenset(
 )
 # A statistic over the batch they are given (masked_whiten of the advantages or returns, or GPG's
 # alpha = batch size / nonzero scores). Under the pipeline that batch is a mini-batch of whole
-# groups: allowed, and listed in the README's differences from stock verl.
+# groups: allowed, and listed in docs/guide/strategies.md's differences from stock verl.
 BATCH_STATISTIC = frozenset(
     {
         "gae",  # masked_whiten(advantages)
