@@ -137,9 +137,12 @@ def readme_block() -> str:
     anchor = _load(ANCHOR.name)
     if anchor is None:
         return ""
-    return (f"{anchor_table(e2e_report(ANCHOR))}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds "
-            f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); every figure, interval and "
-            "goal: [docs/results.md](docs/results.md).\n")
+    missing = len(anchor.get("missing_runs") or [])
+    partial = f" ({missing} runs of the planned seeds still to run: a partial benchmark)" if missing else ""
+    return (f"{anchor_table(e2e_report(ANCHOR))}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds{partial} "
+            f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); \"—\": not measured there (stock `sync` "
+            "scores inside generation, so its whole wait is in its loop time; only `judge_real` has a judge that answers "
+            "429). Every figure, interval and goal: [docs/results.md](docs/results.md).\n")
 
 
 def suite_time_block() -> str:
