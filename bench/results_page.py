@@ -125,6 +125,15 @@ def page() -> str:
     if budget is not None:
         parts.append(_section("Fault: a budget near the limit under 2,000 concurrent requests", "fault_suite_budget.json",
                               budget, "".join(_scalars(run) + "\n" for run in budget["runs"])))
+    for name, title in (("suite_time.json", "The test suite's time"),
+                        ("suite_time_loaded.json", "The quick tier beside a running CI (a loaded machine)")):
+        figures = _load(name)
+        if figures is not None:
+            rows = [f"| {part} | {run['wall_s']} | {run['exit_code']} | {run['load_1min_at_start']} | {run['load_1min_at_end']} |"
+                    for part in ("quick", "ci") if part in figures
+                    for run in (figures[part]["runs"] if part == "quick" else [figures[part]])]
+            parts.append(_section(title, name, figures, "| run | wall s | exit code | load at start | load at end |\n"
+                                  "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"))
     for name, title in (("e2e.json", "Against verl's `sync` trainer (the earlier benchmark)"),
                         ("e2e_pooled.json", "Against verl's `sync` trainer, pooled over runs")):
         key = "e2e" if name == "e2e.json" else "e2e_pooled"

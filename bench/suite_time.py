@@ -31,7 +31,8 @@ def timed(command: list[str]) -> dict:
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     wall = time.perf_counter() - start
-    summary = next((line for line in reversed(run.stdout.splitlines()) if " in " in line and "=" in line), "")
+    summary = next((line for line in reversed(run.stdout.splitlines())
+                    if " in " in line and any(word in line for word in ("passed", "failed", "error"))), "")
     return {"wall_s": round(wall, 1), "exit_code": run.returncode, "pytest_summary": summary.strip("= "),
             "load_1min_at_start": round(load_before, 2), "load_1min_at_end": round(os.getloadavg()[0], 2)}
 
