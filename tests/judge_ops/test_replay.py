@@ -183,6 +183,24 @@ def test_selection_by_step_and_by_seeded_whole_groups(past):
 
 
 @pytest.mark.quick
+def test_a_request_is_one_sample_its_last_success_and_old_failures_are_not_replayed():
+    """As a resume reads the log: a failure sent again and answered is a success; a success later
+    replaced (a rerun without resume) is the last one; a failure never answered has no score to compare."""
+    from verl_async_rm.verdict_log import ReadResult
+
+    def record(request, score, ticket, failure=None):
+        return {"key": request, "request": request, "reward": "r", "sample": f"{request}{ticket}", "ticket": ticket,
+                "uid": "u", "score": score, "failure": failure}
+
+    log = ReadResult([record("a", None, "t1", "timeout"), record("b", 0.0, "t1"), record("c", None, "t1", "429"),
+                      record("a", 1.0, "t2"), record("b", 0.5, "t2")], False, [])
+    samples = {s.request: s for s in judged_samples(log)}
+    assert (samples["a"].score, samples["a"].step) == (1.0, 2) and samples["b"].score == 0.5
+    assert samples["c"].score is None and samples["c"].failure == "429"
+    assert [s.request for s in select(list(samples.values()), Selection())] == ["a", "b"]
+
+
+@pytest.mark.quick
 def test_a_replay_of_some_groups_judges_only_them(past):
     assert main(past.replay("--steps", "2", "--groups", "2", "--seed", "3")) == 0
     report = json.loads((past.dir / "report.json").read_text())
