@@ -17,7 +17,7 @@ def check_can_plot() -> None:
 
 def plot_replay(report: dict, path: Path) -> None:
     """Left: each sample's (old, new) score, a point's area growing with how many share it (judges
-    often score on a few levels: 0, 0.5, 1). Right: Spearman and the GRPO ranking agreement per step."""
+    often score on a few levels: 0, 0.5, 1; then each point is labelled with its count). Right: Spearman and the GRPO ranking agreement per step."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -27,7 +27,11 @@ def plot_replay(report: dict, path: Path) -> None:
     figure, (scatter, steps) = plt.subplots(1, 2, figsize=(11, 4.5))
     if compared:
         xs, ys, counts = zip(*((old, new, n) for (old, new), n in compared.items()))
-        scatter.scatter(xs, ys, s=[12 + 4 * n for n in counts], alpha=0.5)
+        most = max(counts)
+        scatter.scatter(xs, ys, s=[15 + 400 * n / most for n in counts], alpha=0.5)
+        if len(compared) <= 30:  # few levels (0, 0.5, 1): say how many samples each point is
+            for x, y, n in zip(xs, ys, counts):
+                scatter.annotate(str(n), (x, y), textcoords="offset points", xytext=(8, 8), fontsize=8)
         low, high = min(xs + ys), max(xs + ys)
         scatter.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--")
     total = report["agreement"]
