@@ -360,3 +360,51 @@ def test_a_replay_killed_mid_run_resumes_judging_each_sample_once_to_the_same_re
     figures = whole["agreement"]
     assert figures["compared"] == 96 and figures["pearson"] < 1 and figures["ranking_agreement"] < 1
     assert whole["cost"]["new"]["input_tokens"] > 0 and whole["cost"]["new"]["cost"] > 0
+
+
+# -- the guide's example ---------------------------------------------------------------------------------
+def guide_example() -> list[str]:
+    """The commands of the guide's replay example (its first bash block), continuation lines joined."""
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "guide" / "judge-operations.md").read_text()
+    block = text.split("## Judge replay", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#")[0].strip().rstrip("&").strip()
+            for line in block.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.local
+def test_the_guides_replay_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from tests.conftest import ROOT
+    from verl_async_rm_rig.judge_server import JUDGES, JudgeServer, JudgeServerConfig
+
+    commands = guide_example()
+    servers = [shlex.split(c) for c in commands if c.startswith("python -m verl_async_rm_rig.judge_server")]
+    ours = [c for c in commands if c.startswith("verl-async-rm ")]
+    assert len(servers) == 2 and [c.split()[1] for c in ours] == ["score", "replay"]
+    judges = [s[s.index("--judge") + 1] if "--judge" in s else "exact" for s in servers]
+    monkeypatch.chdir(tmp_path)
+    with JudgeServer(JudgeServerConfig(judge=JUDGES[judges[0]])) as first, \
+            JudgeServer(JudgeServerConfig(judge=JUDGES[judges[1]])) as second:
+        for command in ours:
+            for server, spec in zip((first, second), servers):
+                command = command.replace(f"127.0.0.1:{spec[spec.index('--port') + 1]}", f"127.0.0.1:{server.port}")
+            command = command.replace("bench/results/", f"{ROOT}/bench/results/")
+            assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "replay.json").read_text())
+    assert report["selection"]["groups_selected"] == 64 and report["agreement"]["compared"] == 256
+    assert 0 < report["agreement"]["ranking_agreement"] < 1 and (tmp_path / "replay.png").stat().st_size > 0
+
+
+@pytest.mark.quick
+def test_the_committed_bench_log_joins_its_input_and_its_report_is_of_it():
+    from tests.conftest import ROOT
+
+    results = ROOT / "bench" / "results"
+    selected = load_selected(results / "replay" / "exact_judge.verdicts.jsonl", results / "replay" / "responses.jsonl")
+    report = json.loads((results / "replay.json").read_text())
+    assert len(selected.chosen) == 1024 and selected.groups == 256 and {s.step for s in selected.chosen} == set(range(1, 9))
+    assert [[s.step, s.score] for s in selected.chosen] == [p[:2] for p in report["points"]]
+    assert report["agreement"]["compared"] == 1024 and report["run"]["bench_command"] == "python bench/replay_demo.py"
