@@ -408,3 +408,32 @@ def test_the_committed_bench_log_joins_its_input_and_its_report_is_of_it():
     assert len(selected.chosen) == 1024 and selected.groups == 256 and {s.step for s in selected.chosen} == set(range(1, 9))
     assert [[s.step, s.score] for s in selected.chosen] == [p[:2] for p in report["points"]]
     assert report["agreement"]["compared"] == 1024 and report["run"]["bench_command"] == "python bench/replay_demo.py"
+
+
+@pytest.mark.local
+def test_a_replay_stopped_by_its_budget_reports_what_was_judged_and_a_larger_budget_completes_it(tmp_path, capsys):
+    """The user's limits and budget apply to the replay: past the token budget it stops (exit 3) with
+    a report of what was judged; the same command with a larger budget resumes and pays only the rest."""
+    from verl_async_rm_rig.demo_data import make_responses, write_jsonl
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, partial_credit_judge
+    from verl_async_rm.user_rewards import llm_judge
+
+    rows = make_responses(8, 4, seed=3)
+    write_jsonl(rows, tmp_path / "in.jsonl")
+    old_log = tmp_path / "old.verdicts.jsonl"
+    with JudgeServer(JudgeServerConfig()) as exact, JudgeServer(JudgeServerConfig(judge=partial_credit_judge)) as partial:
+        assert main(["score", "--input", str(tmp_path / "in.jsonl"), "--group-size", "4", "--reward-file", llm_judge.__file__,
+                     "--reward-name", "JudgeReward", "--kwarg", f"base_url={exact.base_url}", "--kwarg", "model=judge-stub",
+                     "--kwarg", "api_key=k", "--verdict-log", str(old_log)]) == 0
+        command = replay_command(tmp_path, old_log, partial, "report.json")[3:]
+        assert main([*command, "--set", "token_budget=1500", "--set", "reserve_output_tokens=4"]) == 3
+        out, err = capsys.readouterr()
+        report = json.loads((tmp_path / "report.json").read_text())
+        stopped_at = partial.stats().requests
+        assert "BudgetExceeded" in err and "per step:" in out and 0 < stopped_at < 32
+        refused = sum(report["failures_by_kind"].values())  # logged as failures of the budget's kind
+        assert refused == 32 - report["agreement"]["compared"] > 0 and report["run"]["error"]
+        assert report["agreement"]["not_compared"] == refused
+        assert main(command) == 0
+        assert partial.stats().requests == 32  # the rest only
+    assert json.loads((tmp_path / "report.json").read_text())["agreement"]["compared"] == 32
