@@ -42,7 +42,7 @@ def pairs_of(groups: list[list[float]], transform=lambda x: x) -> list[ScorePair
 
 
 @pytest.mark.quick
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(groups_of_scores)
 def test_a_judge_agrees_fully_with_itself(groups):
     figures = agreement(pairs_of(groups))
@@ -56,7 +56,7 @@ def test_a_judge_agrees_fully_with_itself(groups):
 
 
 @pytest.mark.quick
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(groups_of_scores, st.sampled_from([math.exp, lambda x: x ** 3, lambda x: math.atan(x) + 5]))
 def test_a_strictly_increasing_transform_keeps_spearman_at_1(groups, transform):
     if len({s for g in groups for s in g}) > 1:
@@ -64,7 +64,7 @@ def test_a_strictly_increasing_transform_keeps_spearman_at_1(groups, transform):
 
 
 @pytest.mark.quick
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(groups_of_scores, st.floats(min_value=0.1, max_value=5), st.floats(min_value=-3, max_value=3))
 def test_a_positive_affine_transform_keeps_the_grpo_ranking(groups, scale, shift):
     figures = agreement(pairs_of(groups, lambda x: scale * x + shift))
@@ -101,11 +101,15 @@ def test_failed_samples_and_groups_of_one_are_left_out_of_what_they_cannot_measu
 EXACT = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
         "    return 1.0 if solution_str.endswith(f'<{ground_truth}>') else 0.0\n"
 COUNTING_PARTIAL = '''
-import re
+import os, re, signal, time
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=None, bias=0.0):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=None, bias=0.0, terminate_at=None):
     with open(calls, "a") as f:
         f.write(solution_str + "\\n")
+    with open(calls) as f:
+        if sum(1 for _ in f) == terminate_at:  # a scheduler's SIGTERM, landing in the re-judging loop
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
     got = int(re.findall(r"<(-?\\d+)>", solution_str)[-1])
     return max(0.0, 1.0 - abs(got - int(ground_truth)) / 4) + bias
 '''
@@ -166,6 +170,29 @@ def test_a_replay_reports_agreement_per_step_and_resumes_from_its_own_log(past, 
     again = json.loads((past.dir / "report.json").read_text())
     assert past.calls == 48 and again["run"]["resumed"] == 48
     assert {k: v for k, v in again.items() if k != "run"} == {k: v for k, v in report.items() if k != "run"}
+
+
+@pytest.mark.quick
+def test_sigterm_writes_the_report_of_what_was_judged_and_the_same_command_completes_it(past, capsys):
+    class Terminated(Exception):
+        pass
+
+    def guard(signum, frame):  # had the CLI not handled SIGTERM itself, the test fails here, not killed
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, guard)
+    try:
+        code = main(past.replay("--set", "max_concurrency=1", "--kwarg", "terminate_at=20"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    report = json.loads((past.dir / "report.json").read_text())
+    assert code == 143 and "error: SIGTERM: interrupted" in err and "rerun the same command" in err, err
+    assert 20 <= report["agreement"]["compared"] < 48 and report["run"]["interrupted"]
+    before = past.calls  # the same command (the call count is past 20: no second SIGTERM)
+    assert main(past.replay("--set", "max_concurrency=1", "--kwarg", "terminate_at=20")) == 0
+    assert past.calls - before == 48 - report["agreement"]["compared"]  # only what the first run had not settled
+    assert json.loads((past.dir / "report.json").read_text())["agreement"]["compared"] == 48
 
 
 @pytest.mark.quick
