@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "rig"))
 
 from verl_async_rm.agent import RewardAgent  # noqa: E402
-from verl_async_rm.cli import main as cli  # noqa: E402
+from verl_async_rm.cli import _shown_command, main as cli  # noqa: E402
 from verl_async_rm.user_rewards import llm_judge  # noqa: E402
 from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, partial_credit_judge  # noqa: E402
 
@@ -90,8 +90,8 @@ def replay() -> dict:
             raise SystemExit(f"replay failed: exit {code}")
         report = json.loads(report_path.read_text())
     report["run"] = {"bench_command": "python bench/replay_demo.py",
-                     "replay_command": ["verl-async-rm", *args[:-5], "--output", "bench/results/replay.json",
-                                        "--plot", "bench/results/replay.png"],
+                     "replay_command": _shown_command([*args[:-5], "--output", "bench/results/replay.json",
+                                                       "--plot", "bench/results/replay.png"]),
                      "old_judge": "loopback judge, exact match (verl_async_rm_rig.judge_server.default_judge)",
                      "new_judge": "loopback judge, partial credit (verl_async_rm_rig.judge_server.partial_credit_judge)",
                      "resumed": report["run"]["resumed"], "error": report["run"]["error"]}

@@ -250,6 +250,24 @@ def _check_replay_paths(args, replay_log: Path) -> None:
         check_can_plot()
 
 
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command as the report records it: ``--kwarg``/``--set`` values of secret-looking names
+    hidden and credentials cut out of URLs, as the verdict log shows a reward's kwargs."""
+    from verl_async_rm.verdict_log import shown
+
+    out, after_option = [], False
+    for arg in argv:
+        option, inline, value = arg.partition("=") if arg.startswith(("--kwarg=", "--set=")) else (None, "", arg)
+        if after_option or option is not None:
+            key, sep, raw = value.partition("=")
+            if sep:
+                value = f"{key}={shown({key: raw})[key]}"
+            arg = f"{option}={value}" if option is not None else value
+        out.append(arg)
+        after_option = arg in ("--kwarg", "--set")
+    return ["verl-async-rm", *out]
+
+
 def cmd_replay(args) -> int:
     from verl_async_rm.replay import Selection, render_replay, replay, write_report
 
@@ -268,7 +286,7 @@ def cmd_replay(args) -> int:
                         selection=selection, old_reward=args.old_reward, config=dict(args.set),
                         reward_kwargs=dict(args.kwarg), response_key=args.response_key,
                         ground_truth_key=args.ground_truth_key, progress=not args.quiet, on_selected=announce)
-        report["run"]["command"] = ["verl-async-rm", *args.argv]
+        report["run"]["command"] = _shown_command(args.argv)
         write_report(report, Path(args.output))
         if args.plot is not None:
             from verl_async_rm.replay_plot import plot_replay

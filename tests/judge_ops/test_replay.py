@@ -103,7 +103,8 @@ EXACT = "def compute_score(data_source, solution_str, ground_truth, extra_info=N
 COUNTING_PARTIAL = '''
 import os, re, signal, time
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=None, bias=0.0, terminate_at=None):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls=None, bias=0.0, terminate_at=None,
+                  **judge_settings):  # base_url, api_key: accepted as a judge would, unused
     with open(calls, "a") as f:
         f.write(solution_str + "\\n")
     with open(calls) as f:
@@ -193,6 +194,15 @@ def test_sigterm_writes_the_report_of_what_was_judged_and_the_same_command_compl
     assert main(past.replay("--set", "max_concurrency=1", "--kwarg", "terminate_at=20")) == 0
     assert past.calls - before == 48 - report["agreement"]["compared"]  # only what the first run had not settled
     assert json.loads((past.dir / "report.json").read_text())["agreement"]["compared"] == 48
+
+
+@pytest.mark.quick
+def test_the_report_records_the_command_without_secrets(past):
+    assert main(past.replay("--kwarg", "api_key=sk-secret", "--kwarg=base_url=https://u:pw@judge/v1?key=s",
+                            "--set", "max_concurrency=8")) == 0
+    command = json.loads((past.dir / "report.json").read_text())["run"]["command"]
+    assert "sk-secret" not in str(command) and "pw" not in str(command) and "key=s" not in str(command)
+    assert "api_key=<hidden>" in command and "--kwarg=base_url=https://judge/v1" in command and "max_concurrency=8" in command
 
 
 @pytest.mark.quick
