@@ -121,6 +121,11 @@ def page() -> str:
                         ("verdict_log_overhead.json", "What the verdict log costs")):
         figures = _load(name)
         parts.append(_section(title, name, figures, _scalars(figures) if figures else ""))
+    replay = _load("replay.json")
+    if replay is not None:
+        parts.append(_section("Judge replay: a committed exact-match log re-judged with partial credit", "replay.json",
+                              {"command": replay["run"]["bench_command"]},
+                              _scalars(replay["agreement"]) + "\n![old vs new scores](../bench/results/replay.png)\n"))
     budget = _load("fault_suite_budget.json")
     if budget is not None:
         parts.append(_section("Fault: a budget near the limit under 2,000 concurrent requests", "fault_suite_budget.json",
