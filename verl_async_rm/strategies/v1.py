@@ -442,7 +442,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self.on_sample_end()
 
         def generate_more() -> bool:
-            """Drops (or failed sessions) ate the supply: one batch more, for this step, by the same weights.
+            """Drops ate the supply (on_stale=drop): one batch more, for this step, by the same weights.
             The replicas slept after this step's generation: wake them as verl does (a weight sync of
             the unchanged weights), generate, and put them back to sleep."""
             self.checkpoint_manager.update_weights(self.global_steps - 1)
