@@ -127,8 +127,10 @@ POOL_AUTO_BOUND = dict(flags=[*[f for f in POOL_WAIT_AUTO["flags"] if not f.star
 # a prompt, with no rows); max_staleness=1, one batch ahead, 0-6 s latency per sample.
 POOL_SHAPES = dict(flags=[*POOL["flags"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"],
                    multi_output=True, rowless=True)
+# The same batches submitted when generation ends (one ticket per group size) instead of scored while generating.
+POOL_SHAPES_SUBMITTED = dict(POOL_SHAPES, flags=[*POOL_SHAPES["flags"], "stream_rewards=false"])
 POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND,
-         "pool_shapes": POOL_SHAPES}
+         "pool_shapes": POOL_SHAPES, "pool_shapes_submitted": POOL_SHAPES_SUBMITTED}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
@@ -691,16 +693,17 @@ def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(tmp_path, 
         assert len(rows) == 32 and len(groups) == 8 and set(groups.values()) == {4}
 
 
-@pytest.fixture(scope="module")
-def pool_shapes_run(tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp("v1_pool_shapes")
-    return directory, train(directory, assets, "v1", "pool_shapes")
+@pytest.fixture(scope="module", params=["pool_shapes", "pool_shapes_submitted"])
+def pool_shapes_run(request, tmp_path_factory, assets):
+    directory = tmp_path_factory.mktemp(f"v1_{request.param}")
+    return directory, train(directory, assets, "v1", request.param)
 
 
 def test_the_pool_trains_every_batch_shape_verl_does_each_group_once_and_whole(pool_shapes_run):
     """Issue 43 (before: ValueError "needs groups of one size" at the first such batch, after full
     start-up): groups of 2 and 4 sessions, some a failed session left short, two outputs per session,
-    prompts every session of which failed. Each step trains 8 prompts as verl's sampler counts them
+    prompts every session of which failed; scored while generating (one ticket sized per uid) and
+    submitted when generation ends (one ticket per group size). Each step trains 8 prompts as verl's sampler counts them
     (those without rows among them, async_rm/pool_prompts_without_rows), each group whole (no session
     missing but the failed one) and once, every output with its session's final output's reward;
     nothing dropped, nothing staler than one batch ahead + max_staleness; after each step the pool
