@@ -42,8 +42,8 @@ refill (``starved``) happens only when drops ate the supply, so only under ``dro
 
 Rowless prompts: verl's v1 sampler counts prompts, whatever their group sizes (per-prompt
 ``__rollout_n__``, sessions that failed), and a prompt every session of which failed is one of its
-``train_batch_size`` with no rows (unless verl's ``sync_refill_failed_groups`` replaces it, before
-the pool sees it). The pool counts alike: such a prompt is a group, ready at once, that a step
+``train_batch_size`` with no rows (verl's ``sync_refill_failed_groups``, which replaces it
+instead, is refused at start with the pool: strategies/plan.py). The pool counts alike: such a prompt is a group, ready at once, that a step
 takes like any other (oldest first, its deadline its batch's) and trains nothing of. So every batch
 brings ``train_batch_size`` groups whatever failed, and the supply and deadline counts above hold
 as for full batches (under ``wait`` nothing is ever dropped). One exception: a step whose groups
