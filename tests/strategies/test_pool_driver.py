@@ -221,7 +221,7 @@ def test_a_step_whose_oldest_prompts_have_no_rows_takes_one_group_with_rows_more
     group with rows and takes it as well (a step never trains on nothing)."""
     rw = rewards(extra_keys=())
     driver = PoolDriver(rw, 2, max_staleness=1, on_stale="wait")
-    for batch_no, delays in ((1, [0.0, 0.6]), (2, [0.0, 0.3])):
+    for batch_no, delays in ((1, [0.0, 2.0]), (2, [0.0, 0.2])):
         generated = irregular_batch(rw, batch_no, [2, 2], delays, weights_step=0, failed={(0, 0), (0, 1)})
         driver.add(generated, born=1, position_of=generated.positions)
     step = driver.next_step(1, generate_more=lambda: False)
