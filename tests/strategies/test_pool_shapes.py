@@ -7,9 +7,12 @@ reward tickets (strategies/rewards.py) run against an agent made of the engine's
 next sample in that order be scored. No verl, no Ray, no clock: quick.
 
 The pool's promises hold whatever the shapes: every group trained once (all its rows, each with its
-session's score) or dropped (counted); never staler than ``max_staleness``; oldest ready first; a
-step trains on ``train_batch_size`` groups, whatever their sizes (verl's v1 sampler counts prompts
-alike); under ``on_stale=drop`` a step with enough groups scored does not wait."""
+session's score) or dropped (counted, only under ``on_stale=drop``); never staler than
+``max_staleness``; oldest ready first; a step trains on ``train_batch_size`` prompts whatever their
+group sizes, as verl's v1 sampler counts them (a prompt without rows among them; one group with
+rows more when they would all be such); a step with enough groups scored does not wait under
+``on_stale=drop``, nor under ``wait`` with every group scored; a checkpoint names exactly the
+prompts trained or dropped."""
 
 from __future__ import annotations
 
