@@ -5,7 +5,7 @@ Every run: GRPO on the toy task, 8 prompts x 4 samples per step, 4 PPO mini-batc
 warm-up LR schedule (a scheduler stepped once per mini-batch would show), verl's rollout dump, rewards
 through the async_agent manager with ``tests/helpers/seam_reward.py`` (the toy reward, reporting
 whether it saw what verl's naive manager passes a reward). The baselines are verl's stock trainers
-(strategies off: ``main_ppo`` hands the config to verl's own ``main``; rewards on the per-sample path).
+(strategies off: ``main_ppo`` hands the config to verl's own TaskRunner; rewards on the per-sample path).
 
 | run | what it adds |
 |---|---|
@@ -14,12 +14,13 @@ whether it saw what verl's naive manager passes a reward). The baselines are ver
 | v0 both | deterministic rollout and verl's mini-batch order (the run does not depend on timing, so the learning comparison with the baseline is reproducible); pipeline, two steps ahead, rollout correction (token IS), ppo_epochs=2 with shuffle, parameter and optimizer offload, injected reward failures (~10%) masked out of training (``failure_policy=mask``), the padded validation |
 | v0 gae | pipeline (completion order) and one step ahead with a critic whose mini-batch (4 prompts) does not divide the actor's (2); KL in the reward with an adaptive controller; resumed from a checkpoint taken with a batch in flight |
 | v0 baseline_e2 / pipeline_e2 | 2 steps, ppo_epochs=2: equal parameters |
-| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``); off_policy through the light driver |
+| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``) |
 | v1 both | pipeline + off-policy on an agent loop with two outputs per session, per-prompt ``__rollout_n__`` and failing sessions; validation before training |
 | v1 pool, pool_drop, pool_wait_auto, pool_auto_bound | the staleness pool (POOLS, below) |
 | resumes | v0 gae from step 14, v1 both, pool and pool_auto_bound from step 2 (RESUMES) |
 
-All of them run in one queue, two at a time (the ``trained`` fixture), each resume once its run has ended.
+All of them run in one queue, two at a time (the ``trained`` fixture), each resume once its run has
+ended, every one through the light driver (LIGHT_DRIVER).
 """
 
 from __future__ import annotations
@@ -100,9 +101,7 @@ RUNS = {
     ("v1", "baseline"): dict(flags=[*NO_FAILURES, "trainer.test_freq=2"], validate=True),
     ("v1", "pipeline"): dict(flags=[f"+reward.custom_reward_function.reward_kwargs={{fail_share:{MASK_FAIL_SHARE}}}", *MASK,
                                     *PIPELINE], fail_share=MASK_FAIL_SHARE),
-    # through the light driver (cpu_backend/light_driver.py: verl's v1 TaskRunner in its host actor;
-    # the demo's lanes, which also take it, are v0)
-    ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"], light_driver=True),
+    ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"]),
     ("v1", "both"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1",
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
 }
@@ -129,6 +128,13 @@ POOL_AUTO_BOUND = dict(flags=[*[f for f in POOL_WAIT_AUTO["flags"] if not f.star
                               "reward.async_agent.request_timeout=20", "reward.async_agent.ticket_deadline=20"])
 POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
+# Every run through the light driver (cpu_backend/light_driver.py): verl's TaskRunner (the stock one
+# for the baselines, ours for the strategies) in a host actor, with the ray.init, environment and
+# runner class verl's driver would give it (tests/rig/test_light_driver.py), without importing verl in
+# the driver process: ~6 CPU-s less a run, 19 runs on 2 cores. Our entry point's usual driver trains
+# with the strategies in tests/strategies/test_group_judge_training.py and bench/e2e.py --quick
+# (tests/benchmarks/test_e2e_report.py); verl's own entry point in tests/seam and tests/rig.
+LIGHT_DRIVER = True
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
 
@@ -146,7 +152,7 @@ def run_config(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides:
     return CPURunConfig(
         out_dir=str(out_dir), trainer=trainer, steps=spec.get("steps", STEPS[trainer]), entry_module="verl_async_rm.main_ppo",
         model_dir=assets["cfg"].model_dir, train_file=train_file, val_file=assets["val15"],
-        reward_manager="async_agent", val_before_train=validate, light_driver=spec.get("light_driver", False),
+        reward_manager="async_agent", val_before_train=validate, light_driver=LIGHT_DRIVER,
         save_freq=spec.get("save_freq", 2 if trainer == "v1" else 14), deterministic=spec.get("deterministic", False),
         timeout_s=600, v1_poll_interval_s=0.05, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the test loop
         extra_overrides=[*SHAPE, f"trainer.rollout_data_dir={out_dir / 'rollouts'}", *spec["flags"], *extra, *overrides],
@@ -591,8 +597,8 @@ def test_v1_validation_keeps_the_rewards_extra_info(runs):
 
 def test_a_v1_strategy_run_trains_through_the_light_driver(runs, assets):
     """The light driver (cpu_backend/light_driver.py) runs verl's v1 TaskRunner in its host actor
-    (the demo's lanes are v0: tests/rig/test_demo.py): the v1 off_policy run took it and trained
-    every step (its other properties: the tests above, as for every strategy run)."""
+    (the demo's lanes are v0: tests/rig/test_demo.py): a v1 strategy run, off_policy, took it and
+    trained every step (its other properties: the tests above, as for every run here)."""
     assert run_config(Path("unused"), assets, "v1", "off_policy").light_driver
     _, result = runs["v1", "off_policy"]
     assert [m["data"]["training/global_step"] for m in result.metrics if "training/global_step" in m["data"]] == \
