@@ -54,6 +54,43 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests outside the tiers:\n  " + "\n  ".join(problems))
 
 
+# Under pytest-xdist with ``--dist loadgroup`` (``pytest -n 2 --dist loadgroup``): every test module
+# with a trainer test runs on one worker, in collection order (its trainers alive at most two at a
+# time, as in one process), every module with a Ray test (and no trainer test) on one worker (one Ray
+# start, ray_session, in the worker that runs them), every other module whole on either worker (a
+# module-scoped fixture runs once). xdist's own loadgroup reads ``xdist_group`` marks from item._nodeid,
+# which pytest 9.2 no longer uses (every test would be its own group): this scheduler replaces it.
+# Without ``--dist loadgroup`` nothing changes. The scope is read from the module's source, as
+# pytest_ignore_collect reads it (the controller has node ids, not items).
+XDIST_SERIAL_TIERS = ("trainer", "ray")
+
+
+def xdist_scope(nodeid: str, _cache: dict = {}) -> str:  # noqa: B006 - a per-process cache
+    path = nodeid.split("::", 1)[0]
+    if path not in _cache:
+        import re
+
+        try:
+            source = (ROOT / path).read_text()
+        except OSError:
+            source = ""
+        _cache[path] = next((t for t in XDIST_SERIAL_TIERS if re.search(rf"\bmark\.{t}\b", source)), path)
+    return _cache[path]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown with -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return TierScheduling(config, log)
+
+
 def pytest_ignore_collect(collection_path, config):
     """``-m quick`` does not even import a test file with no quick test in it: most of those import verl or
     torch at their top (seconds per process), which the inner loop must not pay."""

@@ -18,8 +18,7 @@ from tests.conftest import ROOT
     "script, keys, options",
     [
         ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}, []),
-        # the HTTP faults (the judge-operations ones: tests/judge_ops/test_fault_suite.py)
-        ("fault_suite.py", {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"}, ["--fault", "agent"]),
+        # bench/fault_suite.py --quick --fault agent: run and checked by tests/judge_ops/test_fault_suite.py
         ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}, []),
         ("hot_path.py", {"memory", "deadline", "summary", "targets", "machine", "command"}, []),
     ],

@@ -9,7 +9,7 @@ by path; the trainer runs with the repository on PYTHONPATH).
   ``probe`` = ``{uid}_{session}`` in its extra fields (the reward receives it in ``extra_info``;
   verl's TransferQueue key of the output is ``{probe}_0``).
 - ``ProbeJudge``: asks the loopback judge (real HTTP, so the judge counts requests in flight), logs
-  the sample's probe once the judge answered, raises for about one probe in ten (non-retryable: the
+  the sample's probe (and the Ray actor it ran in) once the judge answered, raises for about one probe in ten (non-retryable: the
   failure policy decides), and scores ``identity(probe)``: a score that names its sample, so a test
   can tell from a trained row's score, or from the scores a group hook receives, whose answer it is.
   ``post_process_scores`` logs each group it sees.
@@ -66,8 +66,11 @@ class ProbeJudge:
         # validation runs verl's default loop on the toy validation set: its samples are named by index
         probe = extra_info.get("probe") or f"{VALIDATION}{extra_info['index']}"
         verdict = await judge_once(self.judge.client, self.judge.model, solution_str, ground_truth)
+        import ray
+
+        actor = ray.get_runtime_context().get_actor_name() if ray.is_initialized() else None  # who scored it
         with open(self.call_log, "a") as f:
-            f.write(json.dumps({"probe": probe, "failed": reward_fails(probe)}) + "\n")
+            f.write(json.dumps({"probe": probe, "failed": reward_fails(probe), "actor": actor}) + "\n")
         if reward_fails(probe):
             raise ValueError(f"injected reward failure ({probe})")
         return {"score": identity(probe), "usage": verdict["usage"]}

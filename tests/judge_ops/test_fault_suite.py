@@ -4,11 +4,15 @@ mid-run, a budget near the limit under 2,000 concurrent requests."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bench.fault_suite import run_budget, run_fault_suite, run_limiter_killed, run_verdict_log_resume_fault
+from tests.conftest import ROOT
 from verl_async_rm.limits import rate_bound
 
 
@@ -39,8 +43,18 @@ def check(figures: dict) -> None:
 
 
 @pytest.mark.local
-def test_fault_suite_1k():
-    check(run_fault_suite(samples=1_000))
+def test_fault_suite_1k(tmp_path):
+    """Through the script, as a user runs it (``bench/fault_suite.py --quick --fault agent``: the same
+    1,000 samples): its JSON holds the figures checked here (also the script's smoke test, which
+    tests/benchmarks/test_benchmarks_run.py ran apart, the same suite a second time)."""
+    out = tmp_path / "result.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fault_suite.py"), "--quick", "--out", str(out), "--fault", "agent"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(out.with_name("result_quick.json").read_text())
+    assert {"lost", "duplicated", "faults_injected", "server_peak_concurrency", "command"} <= set(figures)
+    assert figures["samples"] == 1_000
+    check(figures)
 
 
 @pytest.mark.local

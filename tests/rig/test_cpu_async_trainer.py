@@ -3,7 +3,8 @@
 each sample and resumed after the weight update, verl's async replay buffer (polling fast) deciding
 what trains and what is dropped as stale.
 
-Two short runs, started together (each ~1 min on 2 cores, most of it start-up):
+Two short runs, two at a time with the rig's other trainers (tests/helpers/rig_runs.py; each ~1 min
+on 2 cores, most of it start-up):
 
 * ``partial``: 4 steps with a simulated GPU decode time, so that the next batch is still generating
   when a step samples: its requests are aborted and resumed, and reach training spanning two weight
@@ -18,52 +19,27 @@ a sleeping engine and whole groups were evicted as failures)."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.rig_runs import ASYNC_STEPS as STEPS
+from tests.helpers.rig_runs import BATCH, RESPONSE, N
 from tests.helpers.rollout_dump import dump_rows
-from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(1200)]
-BATCH, N, RESPONSE = 8, 4, 16
-# Per token: a batch of 8-16 tokens then takes 0.4-0.8 s, so the batch submitted at a step is still
-# generating when that step samples the one before (the sample follows it by a poll and a few
-# TransferQueue reads, ~0.1 s), even on a loaded machine; the tiny model's own ~1 ms would finish first.
-DECODE_S = 0.05
-STEPS = {"partial": 4, "stale": 3}
-FLAGS = {"partial": [], "stale": ["trainer.v1.sampler.max_off_policy_threshold=1",
-                                  "trainer.v1.sampler.max_off_policy_strategy=drop"]}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path_factory.mktemp("assets"))))
-    started = {}
-    try:
-        for name in STEPS:
-            out = tmp_path_factory.mktemp(name)
-            cfg = CPURunConfig(
-                out_dir=str(out), trainer="v1", steps=STEPS[name], model_dir=assets.model_dir,
-                train_file=assets.train_file, val_file=assets.val_file, train_batch_size=BATCH, rollout_n=N,
-                response_length=RESPONSE, val_before_train=False, v1_poll_interval_s=0.05, decode_s=DECODE_S,
-                timeout_s=600, extra_overrides=["trainer.v1.trainer_mode=colocate_async",
-                                                f"trainer.rollout_data_dir={out / 'rollouts'}", *FLAGS[name]],
-            )
-            started[name] = (out, start(cfg, progress=False))
-        while not all(trainer.poll() for _, trainer in started.values()):
-            time.sleep(0.5)
-        results = {}
-        for name, (out, trainer) in started.items():
-            trainer.close()
-            results[name] = (out, trainer.result())
-            assert results[name][1].ok, f"{name}: training failed (rc {results[name][1].returncode}); log in {out}"
-        return results
-    finally:
-        for _, trainer in started.values():
-            trainer.close()
+def runs(rig_runs):
+    """The two runs (tests/helpers/rig_runs.py: their settings, and the rig's one queue of trainers)."""
+    results = {}
+    for name in STEPS:
+        cfg, result = rig_runs[name]
+        assert result.ok, f"{name}: training failed (rc {result.returncode}); log in {cfg.out_dir}"
+        results[name] = (Path(cfg.out_dir), result)
+    return results
 
 
 def trained_groups(out: Path) -> dict[int, Counter]:

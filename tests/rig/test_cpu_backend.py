@@ -2,7 +2,8 @@
 
 The trainer tests run verl's own ``python -m verl.trainer.main_ppo`` (v0) as a subprocess of the
 launcher, in a fresh Ray cluster (``ray_init.address=local``), with a timeout; the launcher kills
-the process tree it started. Measured on the 2-core CI box: the 6-step run ~60 s, the resume ~55 s.
+the process tree it started. Measured on the 2-core CI box: the 6-step run ~60 s, the resume ~55 s
+(both in the rig's one queue of trainers, tests/helpers/rig_runs.py, beside test_cpu_async_trainer.py's).
 The v1 trainer on the backend, learning over 16 steps and resume with a batch in flight are in
 test_strategies.py (whose baselines are verl's stock trainers).
 """
@@ -15,11 +16,10 @@ import sys
 
 import pytest
 
-from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, build_overrides, run
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, build_overrides
 
 PROBS_DIFF = "training/rollout_probs_diff_max"
 VAL_KEY = "val-core/verl_async_rm/letter_case/acc/mean@1"
-TIMEOUT_S = 420.0
 
 
 def _train_steps(result) -> list[int]:
@@ -112,10 +112,9 @@ def test_overrides_compose_against_verls_config(tmp_path):  # not quick: a ~6 s 
 
 
 @pytest.fixture(scope="module")
-def v0_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("cpu_v0"))
-    cfg = CPURunConfig(out_dir=out, trainer="v0", steps=6, seed=0, test_freq=3, save_freq=6, timeout_s=TIMEOUT_S)
-    return cfg, run(cfg, progress=False)
+def v0_run(rig_runs):
+    """The 6-step run (tests/helpers/rig_runs.py, in the rig's one queue of trainers)."""
+    return rig_runs["v0"]
 
 
 @pytest.mark.trainer
@@ -131,13 +130,14 @@ def test_v0_grpo_steps_with_validation_checkpoint_and_synced_weights(v0_run):
 
 @pytest.mark.trainer
 @pytest.mark.slow
-def test_v0_resume_without_weight_sync_shows_the_gap(v0_run):
+def test_v0_resume_without_weight_sync_shows_the_gap(v0_run, rig_runs):
     """Resume from step 6 with sync off: the trained actor vs the initial rollout weights."""
     cfg, first = v0_run
     _assert_ok(first)
     synced_max = max(v for _, v in first.series(PROBS_DIFF))
-    cfg.steps, cfg.weight_sync, cfg.val_before_train = 7, False, False
-    result = run(cfg, progress=False)
+    resumed_cfg, result = rig_runs["v0_resumed"]
+    assert (resumed_cfg.out_dir, resumed_cfg.steps, resumed_cfg.weight_sync) == (cfg.out_dir, 7, False)
+    assert result is not None, "not started: the run it resumes failed"
     _assert_ok(result)
     assert _train_steps(result) == [7]
     gap = max(v for _, v in result.series(PROBS_DIFF))

@@ -1,7 +1,9 @@
 """The light driver (cpu_backend/light_driver.py) does what verl's driver does, without importing verl:
 the same ``ray.init`` kwargs, the same environment for Ray's processes, the same TaskRunner class
 with the same actor options, checked against the installed verl's own driver; its process imports
-neither verl nor torch; and a real v1 run trains through it."""
+neither verl nor torch. Real runs through it: the demo's v0 lanes (tests/rig/test_demo.py) and a v1
+strategy run (tests/strategies/test_strategies.py::test_a_v1_strategy_run_trains_through_the_light_driver,
+one of that module's runs rather than a trainer of its own here)."""
 
 from __future__ import annotations
 
@@ -178,19 +180,3 @@ print(heavy)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
-
-
-@pytest.mark.trainer
-@pytest.mark.slow
-def test_a_v1_strategy_run_trains_through_the_light_driver(tmp_path):
-    """verl's v1 TaskRunner run in the host actor (the demo's lanes are v0: tests/rig/test_demo.py)."""
-    from verl_async_rm_rig import demo
-    from verl_async_rm_rig.cpu_backend.launch import prepare_assets, run
-
-    assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path / "assets")))
-    cfg = demo.lane_config(tmp_path / "both", assets, "both", 2, 0, demo.uniform_judge((0.01, 0.05)), trainer="v1")
-    assert cfg.light_driver
-    result = run(cfg, progress=False)
-    if not result.ok:
-        pytest.fail(f"trainer exited rc={result.returncode}; log {result.log_path}:\n{open(result.log_path).read()[-4000:]}")
-    assert [m["data"]["training/global_step"] for m in result.metrics if "training/global_step" in m["data"]] == [1, 2]

@@ -76,20 +76,57 @@ def run_probe(first: str, plugins: str = "auto", before: str = "") -> tuple[dict
     return (json.loads(lines[-1][len("PROBE"):]) if lines else None), result
 
 
+# The other processes the tests below start, beside the probes of FIRST_IMPORTS.
+UNSUPPORTED = "import verl_async_rm.verl_compat as compat\ncompat.SUPPORTED_VERL = ('0.10', '0.11')"
+BROKEN = (
+    "import sys, importlib.abc\n"
+    "class Broken(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name == 'verl_async_rm.integration.reward_manager':\n"
+    "            raise ImportError('simulated breakage')\n"
+    "sys.meta_path.insert(0, Broken())\n"
+)
+ENTRY_ON_UNSUPPORTED = (
+    "import sys, verl_async_rm.verl_compat as compat\n"
+    "compat.SUPPORTED_VERL = ('0.10', '0.11')\n"
+    "sys.argv = ['main_ppo']\n"
+    "from verl_async_rm.main_ppo import cli\n"
+    "cli()\n"
+)
+
+
+def run_entry(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+
+
 @pytest.fixture(scope="module")
-def stock():
+def processes():
+    """Every process of this module, each fresh, run side by side (each is ~5 s of verl imports; one
+    at a time they left a core idle): name -> what it returned."""
+    jobs = {
+        "stock": lambda: run_probe("import verl", plugins="none"),
+        **{first: (lambda first=first: run_probe(first)) for first in FIRST_IMPORTS},
+        "unsupported": lambda: run_probe("from verl.workers.reward_manager import register", before=UNSUPPORTED),
+        "broken": lambda: run_probe("from verl.workers.reward_manager import register", before=BROKEN),
+        "entry_on_unsupported": lambda: run_entry(ENTRY_ON_UNSUPPORTED),
+    }
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return dict(zip(jobs, pool.map(lambda job: job(), jobs.values())))
+
+
+@pytest.fixture(scope="module")
+def stock(processes):
     """verl's registries with this package's plugin switched off: what every other user sees."""
-    probe, result = run_probe("import verl", plugins="none")
+    probe, result = processes["stock"]
     assert probe is not None, result.stderr[-3000:]
     assert "async_agent" not in probe["legacy"] and not probe["v1_mode"]
     return probe
 
 
 @pytest.fixture(scope="module")
-def probes():
-    """Every order, each in its own fresh process, run side by side (each is ~5 s of verl imports)."""
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return dict(zip(FIRST_IMPORTS, pool.map(run_probe, FIRST_IMPORTS)))
+def probes(processes):
+    """Every order, each in its own fresh process."""
+    return {first: processes[first] for first in FIRST_IMPORTS}
 
 
 @pytest.mark.parametrize("first", FIRST_IMPORTS)
@@ -103,11 +140,10 @@ def test_every_first_import_leaves_both_registries_working_and_stock_plus_async_
     assert probe["same_class"]
 
 
-def test_unsupported_verl_warns_once_and_leaves_verl_exactly_as_stock(stock):
+def test_unsupported_verl_warns_once_and_leaves_verl_exactly_as_stock(stock, processes):
     """F7: pretend the installed verl (0.9.1) is out of range by narrowing the supported range
-    before ``import verl``; the plugin must not raise, must say so once, and must install nothing."""
-    before = "import verl_async_rm.verl_compat as compat\ncompat.SUPPORTED_VERL = ('0.10', '0.11')"
-    probe, result = run_probe("from verl.workers.reward_manager import register", before=before)
+    before ``import verl`` (UNSUPPORTED); the plugin must not raise, must say so once, and must install nothing."""
+    probe, result = processes["unsupported"]
     assert result.returncode == 0 and probe is not None, result.stderr[-3000:]
     warning = "verl_async_rm supports verl>=0.10,<0.11, but verl 0.9.1 is installed"
     assert result.stderr.count(warning) == 1, result.stderr[-3000:]
@@ -120,30 +156,15 @@ def test_unsupported_verl_warns_once_and_leaves_verl_exactly_as_stock(stock):
     assert probe["rig_loaded"] == ["verl_async_rm_rig", "verl_async_rm_rig.cpu_backend", "verl_async_rm_rig.cpu_backend.verl_plugin"]
 
 
-def test_our_entry_point_refuses_an_unsupported_verl_at_start():
-    code = (
-        "import sys, verl_async_rm.verl_compat as compat\n"
-        "compat.SUPPORTED_VERL = ('0.10', '0.11')\n"
-        "sys.argv = ['main_ppo']\n"
-        "from verl_async_rm.main_ppo import cli\n"
-        "cli()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+def test_our_entry_point_refuses_an_unsupported_verl_at_start(processes):
+    result = processes["entry_on_unsupported"]  # ENTRY_ON_UNSUPPORTED
     assert result.returncode != 0
     assert "VerlVersionError" in result.stderr and "installed verl is 0.9.1" in result.stderr, result.stderr[-3000:]
 
 
-def test_a_failing_registration_is_reported_and_verl_still_imports(stock):
-    """A broken manager module (here: made to fail on import) must not take verl's registries down."""
-    before = (
-        "import sys, importlib.abc\n"
-        "class Broken(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        if name == 'verl_async_rm.integration.reward_manager':\n"
-        "            raise ImportError('simulated breakage')\n"
-        "sys.meta_path.insert(0, Broken())\n"
-    )
-    probe, result = run_probe("from verl.workers.reward_manager import register", before=before)
+def test_a_failing_registration_is_reported_and_verl_still_imports(stock, processes):
+    """A broken manager module (here: made to fail on import, BROKEN) must not take verl's registries down."""
+    probe, result = processes["broken"]
     assert result.returncode == 0 and probe is not None, result.stderr[-3000:]
     assert "could not register the async_agent reward manager" in result.stderr and "simulated breakage" in result.stderr
     assert probe["legacy"] == stock["legacy"] and probe["loop"] == stock["loop"]

@@ -1,43 +1,33 @@
 """``async_agent`` on verl's own v1 trainer modes, through verl's STOCK entry point (``python -m
-verl.trainer.main_ppo``, the stock command plus ``reward.reward_manager.name=async_agent``), on the CPU
-backend, with rollout sessions that fail (issue 43 item 2, issue 45 item 16).
+verl.trainer.main_ppo``, the stock command plus ``async_agent``), on the CPU backend, with rollout
+sessions that fail (issue 43 item 2, issue 45 item 16).
 
-Two runs, side by side (``tests/helpers/session_probe.py``): half the prompts lose one of their four
-sessions (before or after generating), about one reward in ten raises (``neutral``: the group's mean),
-and every reward asks the loopback judge first (real HTTP, three of verl's reward-loop workers; the
-agent's cap 2 and 600 requests a minute). Every score names its sample (``identity``).
+The runs (tests/helpers/verl_modes.py; the session fixture ``verl_modes_runs``, shared with
+tests/seam/test_legacy_training.py, whose legacy spelling the ``sync`` run uses):
 
 - ``sync``: verl trains a group without its failed session;
 - ``colocate_async`` (verl's 2 s-poll sampler): verl evicts a group with a failed session and
-  replaces it with a fresh prompt.
+  replaces it with a fresh prompt;
+- ``budget``: a colocate_async run whose token budget is spent mid-run.
 
-``group_wait`` and ``group_timeout`` are an hour and each run's timeout 15 minutes: a group that waited
-for a session verl knows has failed would hold its step past the run's end (the 634 s step of issue
-45). Checked from what verl trained (its rollout dump), what the reward saw (its call log), the groups
+Checked from what verl trained (its rollout dump), what the reward saw (its call log), the groups
 its hook saw, the verdict log and the judge's own counts.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.helpers import session_probe
-from tests.helpers.rollout_dump import dump_rows
+from tests.helpers.verl_modes import BUDGET_STEPS, BUDGET_TOKENS, CAP, N, PROMPTS, RPM, RUNS, read_jsonl, trained, training_calls
 from verl_async_rm.limits import rate_bound
-from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
-from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
+from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 
-CAP, RPM, N, PROMPTS = 2, 600, 4, 8
-RUNS = {"sync": 2, "colocate_async": 3}  # mode -> steps
-WAIT = 3600  # s: a group closed by its timer would outlast the run's timeout
 # The agent's bucket admits at most rate_bound(RPM, w) requests in any w s of its own clock; the judge
 # sees each arrive after the agent sent it, later by however long the loaded machine takes to run the
 # reward's HTTP call (20 in 1.0 s at the judge against a bound of 19.8, seen at a load of 57 on 2
@@ -45,75 +35,9 @@ WAIT = 3600  # s: a group closed by its timer would outlast the run's timeout
 ARRIVAL_JITTER_S = 1.0
 
 
-def run_config(out: Path, assets: CPURunConfig, loops: str, data: str, server: JudgeServer, mode: str) -> CPURunConfig:
-    return CPURunConfig(
-        out_dir=str(out), trainer="v1", steps=RUNS[mode], model_dir=assets.model_dir, train_file=data,
-        val_file=assets.val_file, val_before_train=mode == "sync", reward_manager="async_agent",
-        reward_path=str(Path(session_probe.__file__)), reward_name="ProbeJudge",
-        reward_kwargs={"call_log": str(out / "calls.jsonl"), "hook_log": str(out / "hooks.jsonl"), "base_url": server.base_url},
-        timeout_s=900, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the probe loop
-        v1_poll_interval_s=0.05 if mode == "sync" else None,  # the rig's fast sampler is verl's sync one
-        extra_overrides=[
-            f"trainer.v1.trainer_mode={mode}",
-            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-            "reward.num_workers=3",
-            f"+reward.async_agent.max_concurrency={CAP}",
-            f"+reward.async_agent.requests_per_minute={RPM}",
-            "+reward.async_agent.max_attempts=6",  # injected 500s: retried until the judge answers
-            f"+reward.async_agent.group_wait={WAIT}",
-            f"+reward.async_agent.group_timeout={WAIT}",
-            f"+reward.async_agent.verdict_log={out / 'verdicts.jsonl'}",
-            f"trainer.rollout_data_dir={out / 'rollouts'}",
-        ],
-    )
-
-
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path_factory.mktemp("assets"))))
-    data_dir = Path(assets.out_dir) / "data"
-    loops = session_probe.write_config(str(data_dir / "loops.yaml"))
-    data = session_probe.write_dataset(assets.train_file, str(data_dir / "probe.parquet"))
-    return assets, loops, data
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, assets):
-    assets, loops, data = assets
-    servers = {mode: JudgeServer(JudgeServerConfig(latency=(0.05, 0.15), rate_500=0.05, seed=i)).start()
-               for i, mode in enumerate(RUNS)}
-    outs = {mode: tmp_path_factory.mktemp(mode) for mode in RUNS}
-    alive = {mode: start(run_config(outs[mode], assets, loops, data, servers[mode], mode), progress=False) for mode in RUNS}
-    results = {}
-    try:
-        while alive:
-            for mode in [m for m, running in alive.items() if running.poll()]:
-                running = alive.pop(mode)
-                running.close()
-                results[mode] = running.result()
-            time.sleep(0.5)
-    finally:
-        for running in alive.values():
-            running.close()
-        stats = {mode: server.stats() for mode, server in servers.items()}
-        for server in servers.values():
-            server.close()
-    return {mode: (outs[mode], results[mode], stats[mode]) for mode in RUNS}
-
-
-def read_jsonl(path: Path) -> list:
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-
-
-def training_calls(out: Path) -> list[dict]:
-    """The reward's calls for training samples (the sync run also validates, before step 1)."""
-    return [call for call in read_jsonl(out / "calls.jsonl") if not call["probe"].startswith(session_probe.VALIDATION)]
-
-
-def trained(out: Path) -> dict[int, list[dict]]:
-    """verl's rollout dump per step, without its synthetic padding rows."""
-    return {int(p.stem): [r for r in dump_rows(p) if not r["uid"].startswith("pad")]
-            for p in sorted((out / "rollouts").glob("*.jsonl"))}
+def runs(verl_modes_runs):
+    return verl_modes_runs
 
 
 @pytest.mark.parametrize("mode", list(RUNS))
@@ -205,18 +129,23 @@ def test_the_cap_and_rate_limit_hold_for_verls_reward_loop_workers_together(runs
         assert stats.max_requests_in_window(window) <= rate_bound(RPM, window + ARRIVAL_JITTER_S)
 
 
-def test_a_spent_budget_ends_a_colocate_async_run_with_the_agents_reason(tmp_path, assets):
+def test_a_spent_budget_ends_a_colocate_async_run_with_the_agents_reason(runs):
     """The budget is spent mid-run: every later reward is refused, which on verl's per-sample path only
     fails its rollout session, and colocate_async answers a failed session by evicting its group and
     dispatching a fresh prompt, whose reward is refused in turn. The run must end, loudly, with the
     agent's reason (at the trainer's next dispatch), not regenerate until its timeout."""
-    assets, loops, data = assets
-    with JudgeServer(JudgeServerConfig(latency=(0.05, 0.15))) as server:
-        cfg = run_config(tmp_path, assets, loops, data, server, "colocate_async")
-        cfg.steps = 4
-        cfg.extra_overrides += ["+reward.async_agent.token_budget=4000", "+reward.async_agent.reserve_output_tokens=8"]
-        result = start(cfg, progress=False).wait()
+    out, result, _ = runs["budget"]
     log = Path(result.log_path).read_text()
-    assert result.returncode not in (0, -9), f"rc {result.returncode} (-9: timed out); log in {tmp_path}"
-    assert "async_agent stopped scoring (BudgetExceeded: " in log and "token_budget 4000" in log
-    assert len(trained(tmp_path)) < 4
+    assert result.returncode not in (0, -9), f"rc {result.returncode} (-9: timed out); log in {out}"
+    assert "async_agent stopped scoring (BudgetExceeded: " in log and f"token_budget {BUDGET_TOKENS}" in log
+    assert len(trained(out)) < BUDGET_STEPS
+
+
+@pytest.mark.parametrize("mode", list(RUNS))
+def test_every_reward_call_ran_in_the_agents_actor(runs, mode):
+    """verl's reward-loop workers hand every sample to the one agent actor (with verl's own manager,
+    or with the legacy selector ignored, they would score in their own processes, or not call this reward)."""
+    out, result, _ = runs[mode]
+    assert result.ok
+    calls = read_jsonl(out / "calls.jsonl")
+    assert calls and {call["actor"] for call in calls} == {DEFAULT_ACTOR_NAME}

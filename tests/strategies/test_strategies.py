@@ -5,7 +5,7 @@ Every run: GRPO on the toy task, 8 prompts x 4 samples per step, 4 PPO mini-batc
 warm-up LR schedule (a scheduler stepped once per mini-batch would show), verl's rollout dump, rewards
 through the async_agent manager with ``tests/helpers/seam_reward.py`` (the toy reward, reporting
 whether it saw what verl's naive manager passes a reward). The baselines are verl's stock trainers
-(strategies off: ``main_ppo`` hands the config to verl's own ``main``; rewards on the per-sample path).
+(strategies off: ``main_ppo`` hands the config to verl's own TaskRunner; rewards on the per-sample path).
 
 | run | what it adds |
 |---|---|
@@ -16,6 +16,11 @@ whether it saw what verl's naive manager passes a reward). The baselines are ver
 | v0 baseline_e2 / pipeline_e2 | 2 steps, ppo_epochs=2: equal parameters |
 | v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``) |
 | v1 both | pipeline + off-policy on an agent loop with two outputs per session, per-prompt ``__rollout_n__`` and failing sessions; validation before training |
+| v1 pool, pool_drop, pool_wait_auto, pool_auto_bound | the staleness pool (POOLS, below) |
+| resumes | v0 gae from step 14, v1 both, pool and pool_auto_bound from step 2 (RESUMES) |
+
+All of them run in one queue, two at a time (the ``trained`` fixture), each resume once its run has
+ended, every one through the light driver (LIGHT_DRIVER).
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ from tests.conftest import HELPERS, ROOT
 from tests.helpers import multi_output_loop
 from tests.helpers.rollout_dump import dump_rows
 from tests.helpers.seam_reward import fails
-from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, run, start
+from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
 from verl_async_rm_rig.cpu_backend.toy_task import score_text, write_dataset
 
-# The first test's setup runs the module's shared fixture: a dozen trainers, two at a time
-# (train_together; ~1 min each on 2 idle cores), more than the suite's 900 s per-test timeout allows.
+# The first test's setup runs the module's shared fixture (trained): every run of the module, 19
+# trainers, two at a time (train_together; ~1 min each on 2 idle cores), more than the suite's 900 s
+# per-test timeout allows.
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = {"v0": 16, "v1": 4}
@@ -101,8 +107,7 @@ RUNS = {
 }
 STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
 # The staleness pool, one batch ahead, fed while generating; a wide latency spread (0-6 s per
-# sample, a group's is its slowest) so that some group is still out when its step begins. Its own
-# fixture (pool_run): the shared one already runs a dozen trainers within one test timeout.
+# sample, a group's is its slowest) so that some group is still out when its step begins.
 POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_reward_function.path={TOY}",
                    "reward.custom_reward_function.name=compute_score_with_latency",
                    "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0,fail:false}"])
@@ -132,6 +137,13 @@ POOL_SHAPES_SUBMITTED = dict(POOL_SHAPES, flags=[*POOL_SHAPES["flags"], "stream_
 POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND,
          "pool_shapes": POOL_SHAPES, "pool_shapes_submitted": POOL_SHAPES_SUBMITTED}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
+# Every run through the light driver (cpu_backend/light_driver.py): verl's TaskRunner (the stock one
+# for the baselines, ours for the strategies) in a host actor, with the ray.init, environment and
+# runner class verl's driver would give it (tests/rig/test_light_driver.py), without importing verl in
+# the driver process: ~6 CPU-s less a run, 19 runs on 2 cores. Our entry point's usual driver trains
+# with the strategies in tests/strategies/test_group_judge_training.py and bench/e2e.py --quick
+# (tests/benchmarks/test_e2e_report.py); verl's own entry point in tests/seam and tests/rig.
+LIGHT_DRIVER = True
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
 
@@ -149,44 +161,58 @@ def run_config(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides:
     return CPURunConfig(
         out_dir=str(out_dir), trainer=trainer, steps=spec.get("steps", STEPS[trainer]), entry_module="verl_async_rm.main_ppo",
         model_dir=assets["cfg"].model_dir, train_file=train_file, val_file=assets["val15"],
-        reward_manager="async_agent", val_before_train=validate,
+        reward_manager="async_agent", val_before_train=validate, light_driver=LIGHT_DRIVER,
         save_freq=spec.get("save_freq", 2 if trainer == "v1" else 14), deterministic=spec.get("deterministic", False),
         timeout_s=600, v1_poll_interval_s=0.05, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the test loop
         extra_overrides=[*SHAPE, f"trainer.rollout_data_dir={out_dir / 'rollouts'}", *spec["flags"], *extra, *overrides],
     )
 
 
-def train(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides: str):
-    result = run(run_config(out_dir, assets, trainer, mode, *overrides), progress=False)
-    assert result.ok, f"training failed (rc {result.returncode}); log in {out_dir}"
-    return result
-
-
-def train_together(jobs: list[tuple[Path, str, str]], assets: dict, at_once: int = RUNS_AT_ONCE) -> list:
-    """``train`` for each (out_dir, trainer, mode), ``at_once`` trainers alive at a time; results in
-    job order. Why: a run spends most of its minute starting up (Ray, a dozen worker processes
-    importing verl), which leaves a core idle; two at once fill it (the shared fixture: 599 s one at
-    a time, 388-417 s two at a time, 387 s three at a time on 2 cores). A failed run fails the fixture
-    as ``train`` would; every run started is closed, whatever happens."""
-    waiting = list(enumerate(jobs))
-    alive: dict[int, Any] = {}
-    results: dict[int, Any] = {}
+def train_together(jobs: dict, assets: dict, at_once: int = RUNS_AT_ONCE) -> dict:
+    """Run ``jobs`` (key -> (out_dir, trainer, mode, overrides, after, alone)), ``at_once`` trainers
+    alive at a time, each started once the run it resumes (``after``, a key, or None) has ended, in
+    the dict's order otherwise, an ``alone`` one with no other trainer alive (nothing else starts
+    while it waits for the others to end, or trains); returns key -> its RunResult (None: not
+    started, its ``after`` failed). Why: a run spends most of its minute starting up (Ray, a dozen
+    worker processes importing verl), which leaves a core idle; two at once fill it (the strategy
+    runs: 599 s one at a time, 388-417 s two at a time, 387 s three at a time on 2 cores). A failed
+    run does not stop the others: the tests that read it fail (:func:`finished`). Every run started
+    is closed, whatever happens."""
+    waiting = dict(jobs)
+    alive: dict[Any, Any] = {}
+    results: dict[Any, Any] = {}
     try:
         while waiting or alive:
-            while waiting and len(alive) < at_once:
-                index, (out_dir, trainer, mode) = waiting.pop(0)
-                alive[index] = start(run_config(out_dir, assets, trainer, mode), progress=False)
-            for index in [i for i, running in alive.items() if running.poll()]:
-                running = alive.pop(index)
+            for key in list(waiting):
+                if len(alive) >= at_once or any(jobs[k][5] for k in alive):
+                    break
+                out_dir, trainer, mode, overrides, after, alone = waiting[key]
+                if after is not None and after not in results:
+                    continue  # the run it resumes is still training
+                if alone and alive:
+                    break  # the others end first
+                del waiting[key]
+                if after is not None and not (results[after] and results[after].ok):
+                    results[key] = None
+                    continue
+                alive[key] = start(run_config(out_dir, assets, trainer, mode, *overrides), progress=False)
+            for key in [k for k, running in alive.items() if running.poll()]:
+                running = alive.pop(key)
                 running.close()
-                results[index] = running.result()
-                out_dir = jobs[index][0]
-                assert results[index].ok, f"training failed (rc {results[index].returncode}); log in {out_dir}"
+                results[key] = running.result()
             time.sleep(0.5)
     finally:
         for running in alive.values():
             running.close()
-    return [results[i] for i in range(len(jobs))]
+    return results
+
+
+def finished(trained: dict, key) -> tuple[Path, Any]:
+    """(out_dir, result) of a run of the module's :func:`trained` runs; fails unless it trained to its end."""
+    directory, result = trained[key]
+    assert result is not None, f"{key}: not started (the run it resumes failed)"
+    assert result.ok, f"{key}: training failed (rc {result.returncode}); log in {directory}"
+    return directory, result
 
 
 def dumped(out_dir: Path) -> dict[int, list[dict]]:
@@ -224,11 +250,54 @@ def assets(tmp_path_factory):
     return {"cfg": cfg, "val15": val15, "multi_output_data": multi, "multi_output_rowless_data": rowless, "loops": loops}
 
 
+def resume_overrides(checkpoint: Path) -> tuple[str, ...]:
+    return "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}"
+
+
+# The resumes (each a short run from a checkpoint of another run of this module): key -> (the run
+# resumed, the step of its checkpoint). Each starts as soon as its run has ended.
+RESUMES = {
+    ("v0", "gae", "resumed"): (("v0", "gae"), RESUME_FROM["v0"]),
+    ("v1", "both", "resumed"): (("v1", "both"), RESUME_FROM["v1"]),
+    ("v1", "pool", "resumed"): (("v1", "pool"), 2),
+    ("v1", "pool_auto_bound", "resumed"): (("v1", "pool_auto_bound"), 2),
+}
+# Trained with no other trainer alive: the auto bound's 20 s ticket deadline counts from generation
+# start, and a resumed run's first generation warms up for seconds; beside another trainer on a loaded
+# machine (load ~30) the resume's first batch missed it (19 of 32 calls past their deadline).
+ALONE = {("v1", "pool_auto_bound"), ("v1", "pool_auto_bound", "resumed")}
+# Started in this order (two at a time): those alone first, then the longest runs and those resumed,
+# so that the resumes and the 2-step runs fill the slots at the end.
+ORDER = [("v1", "pool_auto_bound"), ("v1", "pool_auto_bound", "resumed"), ("v0", "gae"), ("v1", "pool"),
+         ("v0", "baseline"), ("v0", "both"), ("v1", "both"), ("v0", "pipeline"), ("v0", "gae", "resumed"),
+         ("v1", "both", "resumed"), ("v1", "pool", "resumed"), ("v1", "pool_drop"), ("v1", "pool_wait_auto"),
+         ("v1", "pool_shapes"), ("v1", "pool_shapes_submitted"), ("v1", "baseline"), ("v1", "pipeline"),
+         ("v1", "off_policy"), ("v0", "pipeline_merged"), ("v0", "baseline_e2"), ("v0", "pipeline_e2")]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, assets):
-    jobs = [(tmp_path_factory.mktemp(f"{trainer}_{mode}"), trainer, mode) for trainer, mode in RUNS]
-    return {(trainer, mode): (directory, result)
-            for (directory, trainer, mode), result in zip(jobs, train_together(jobs, assets))}
+def trained(tmp_path_factory, assets):
+    """Every trainer run of this module, RUNS, POOLS and RESUMES, two at a time in one queue (the
+    first test's setup; ALONE ones alone): key -> (out_dir, RunResult or None). One queue rather than
+    a fixture per run: a run alone leaves a core idle for most of its start-up (the pool runs and the
+    resumes, each on its own: ~360 s of the module's time)."""
+    assert sorted(ORDER) == sorted([*RUNS, *[("v1", mode) for mode in POOLS], *RESUMES]) and ALONE <= set(ORDER)
+    dirs = {key: tmp_path_factory.mktemp("_".join(key)) for key in ORDER}
+    jobs = {}
+    for key in ORDER:
+        if key in RESUMES:
+            (trainer, mode), step = RESUMES[key]
+            checkpoint = dirs[trainer, mode] / "checkpoints" / f"global_step_{step}"
+            jobs[key] = (dirs[key], trainer, mode, resume_overrides(checkpoint), (trainer, mode), key in ALONE)
+        else:
+            jobs[key] = (dirs[key], *key, (), None, key in ALONE)
+    results = train_together(jobs, assets)
+    return {key: (dirs[key], results[key]) for key in ORDER}
+
+
+@pytest.fixture(scope="module")
+def runs(trained):
+    return {key: finished(trained, key) for key in RUNS}
 
 
 def sessions(rows):
@@ -536,6 +605,17 @@ def test_v1_validation_keeps_the_rewards_extra_info(runs):
         assert [s for s, _ in result.series("val-core/verl_async_rm/letter_case/acc/mean@1")][:1] == [0]
 
 
+def test_a_v1_strategy_run_trains_through_the_light_driver(runs, assets):
+    """The light driver (cpu_backend/light_driver.py) runs verl's v1 TaskRunner in its host actor
+    (the demo's lanes are v0: tests/rig/test_demo.py): a v1 strategy run, off_policy, took it and
+    trained every step (its other properties: the tests above, as for every run here)."""
+    assert run_config(Path("unused"), assets, "v1", "off_policy").light_driver
+    _, result = runs["v1", "off_policy"]
+    assert [m["data"]["training/global_step"] for m in result.metrics if "training/global_step" in m["data"]] == \
+        list(range(1, STEPS["v1"] + 1))
+    assert "TaskRunnerHost" in Path(result.log_path).read_text()  # the host actor, not verl's TaskRunner, ran it
+
+
 def rise(result) -> tuple[float, float]:
     """(first, last): the toy reward averaged over the first and the last 4 steps."""
     scores = values(result, "critic/score/mean")
@@ -556,15 +636,15 @@ def test_each_strategy_learns_like_the_baseline(runs, mode):
 
 
 @pytest.mark.parametrize("run", [("v0", "gae"), ("v1", "both")], ids="-".join)
-def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, assets, run):
+def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(trained, runs, run):
     """The off-policy run saved while the next batch was already generated and scored; resuming
-    there must train exactly the uninterrupted run's remaining batches: none lost, none repeated."""
+    there (RESUMES) must train exactly the uninterrupted run's remaining batches: none lost, none repeated."""
     trainer, mode = run
     uninterrupted, _ = runs[run]
     saved = RESUME_FROM[trainer]
-    checkpoint = uninterrupted / "checkpoints" / f"global_step_{saved}"
-    train(tmp_path, assets, trainer, mode, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
-    resumed, original = dumped(tmp_path), dumped(uninterrupted)
+    assert RESUMES[trainer, mode, "resumed"] == (run, saved)
+    resumed_dir, _ = finished(trained, (trainer, mode, "resumed"))
+    resumed, original = dumped(resumed_dir), dumped(uninterrupted)
     remaining = list(range(saved + 1, STEPS[trainer] + 1))
     assert sorted(resumed) == remaining
     for step in remaining:
@@ -572,9 +652,8 @@ def test_resume_from_a_checkpoint_taken_with_a_batch_in_flight(tmp_path, runs, a
 
 
 @pytest.fixture(scope="module")
-def pool_run(tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp("v1_pool")
-    return directory, train(directory, assets, "v1", "pool")
+def pool_run(trained):
+    return finished(trained, ("v1", "pool"))
 
 
 def assert_whole_groups_each_once_with_their_own_rewards(directory: Path) -> None:
@@ -619,9 +698,8 @@ def test_the_pool_carries_a_straggler_instead_of_waiting_within_the_staleness_bo
 
 
 @pytest.fixture(scope="module")
-def pool_drop_run(tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp("v1_pool_drop")
-    return directory, train(directory, assets, "v1", "pool_drop")
+def pool_drop_run(trained):
+    return finished(trained, ("v1", "pool_drop"))
 
 
 def test_dropping_stale_groups_refills_the_pool_and_trains_each_kept_group_once(pool_drop_run):
@@ -638,9 +716,8 @@ def test_dropping_stale_groups_refills_the_pool_and_trains_each_kept_group_once(
 
 
 @pytest.fixture(scope="module")
-def pool_wait_auto_run(tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp("v1_pool_wait_auto")
-    return directory, train(directory, assets, "v1", "pool_wait_auto")
+def pool_wait_auto_run(trained):
+    return finished(trained, ("v1", "pool_wait_auto"))
 
 
 def test_the_waiting_pool_is_supplied_as_deep_as_the_bound_allows_and_drops_nothing(pool_wait_auto_run):
@@ -661,12 +738,11 @@ def test_the_waiting_pool_is_supplied_as_deep_as_the_bound_allows_and_drops_noth
 
 
 @pytest.fixture(scope="module")
-def pool_auto_bound_run(tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp("v1_pool_auto_bound")
-    return directory, train(directory, assets, "v1", "pool_auto_bound")
+def pool_auto_bound_run(trained):
+    return finished(trained, ("v1", "pool_auto_bound"))
 
 
-def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(tmp_path, pool_auto_bound_run, assets):
+def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(trained, pool_auto_bound_run):
     """max_staleness=auto, on_stale=wait, a 20 s ticket deadline against 0-6 s calls and ~1-2 s steps:
     the bound is 1 for step 1 (nothing measured), raised after it and never lowered; no step from
     the second on waits for a due group (the bound outlasts the deadline, and the deadline every
@@ -683,20 +759,19 @@ def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(tmp_path, 
     checkpoint = directory / "checkpoints" / "global_step_2"
     saved = json.loads((checkpoint / "async_rm_pool.json").read_text())["max_staleness"]
     assert saved == bounds[2]  # the bound step 3 ran under: raised after step 2, before the save
-    resumed_result = train(tmp_path, assets, "v1", "pool_auto_bound", "trainer.resume_mode=resume_path",
-                           f"trainer.resume_from_path={checkpoint}")
+    assert RESUMES["v1", "pool_auto_bound", "resumed"] == (("v1", "pool_auto_bound"), 2)  # from that checkpoint
+    resumed_dir, resumed_result = finished(trained, ("v1", "pool_auto_bound", "resumed"))
     assert values(resumed_result, "async_rm/max_staleness")[0] == saved
-    resumed = dumped(tmp_path)
+    resumed = dumped(resumed_dir)
     assert sorted(resumed) == [3, 4]
     for rows in resumed.values():  # whole groups (which ones is timing's choice with a supply: exactness of
         groups = Counter(row["uid"].rsplit("_", 2)[0] for row in rows)  # a resume is the pool test's below)
         assert len(rows) == 32 and len(groups) == 8 and set(groups.values()) == {4}
 
 
-@pytest.fixture(scope="module", params=["pool_shapes", "pool_shapes_submitted"])
-def pool_shapes_run(request, tmp_path_factory, assets):
-    directory = tmp_path_factory.mktemp(f"v1_{request.param}")
-    return directory, train(directory, assets, "v1", request.param)
+@pytest.fixture(params=["pool_shapes", "pool_shapes_submitted"])
+def pool_shapes_run(request, trained):
+    return finished(trained, ("v1", request.param))
 
 
 def test_the_pool_trains_every_batch_shape_verl_does_each_group_once_and_whole(pool_shapes_run):
@@ -735,7 +810,7 @@ def test_the_pool_trains_every_batch_shape_verl_does_each_group_once_and_whole(p
     assert max(values(result, "async_rm/staleness/max")) <= 2
 
 
-def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):
+def test_resuming_the_pool_trains_every_prompt_exactly_once(trained, pool_run):
     """Saved at step 2 with groups carried and a batch ahead: the checkpoint records the loader
     state before the oldest batch still in the pool and which of its prompts were trained; the
     resumed run draws those batches again, leaves those prompts out, and ends with the pool empty.
@@ -744,9 +819,9 @@ def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, 
     uninterrupted, _ = pool_run
     checkpoint = uninterrupted / "checkpoints" / "global_step_2"
     assert json.loads((checkpoint / "async_rm_pool.json").read_text())["live"]
-    resumed_result = train(tmp_path, assets, "v1", "pool", "trainer.resume_mode=resume_path",
-                           f"trainer.resume_from_path={checkpoint}")
-    resumed, original = dumped(tmp_path), dumped(uninterrupted)
+    assert RESUMES["v1", "pool", "resumed"] == (("v1", "pool"), 2)  # from that checkpoint
+    resumed_dir, resumed_result = finished(trained, ("v1", "pool", "resumed"))
+    resumed, original = dumped(resumed_dir), dumped(uninterrupted)
     assert sorted(resumed) == [3, 4]
     before = Counter(r["input"] for step in (1, 2) for r in original[step])
     after = Counter(r["input"] for step in (3, 4) for r in resumed[step])

@@ -1,0 +1,140 @@
+"""The trainer runs of ``async_agent`` on verl's own v1 trainer modes through verl's STOCK entry point
+(``python -m verl.trainer.main_ppo``, on the CPU backend; issue 43 item 2, issue 45 item 16), shared
+by tests/seam/test_verl_async_modes.py and tests/seam/test_legacy_training.py (one session fixture,
+``verl_modes_runs``, in tests/seam/conftest.py): three runs, two at a time, each with its own
+loopback judge.
+
+- ``sync`` (2 steps, validation first): verl trains a group without its failed session. Spelled the
+  legacy way (issue 44 item 5: one run proves both): verl's legacy selector
+  ``reward_model.reward_manager=async_agent`` and the legacy top-level ``custom_reward_function``
+  block (the probe reward, its kwargs), while ``reward.custom_reward_function`` names the toy reward
+  (so a probe call proves the legacy block was moved, and won);
+- ``colocate_async`` (3 steps, verl's 2 s-poll sampler): verl evicts a group with a failed session
+  and replaces it with a fresh prompt; the current spelling (``reward.reward_manager.name``);
+- ``budget`` (``colocate_async``, at most 4 steps): a token budget spent mid-run; started once one
+  of the other two has ended.
+
+Half the prompts lose one of their four sessions (``tests/helpers/session_probe.py``), about one
+reward in ten raises (``neutral``: the group's mean), and every reward asks the loopback judge first
+(real HTTP, three of verl's reward-loop workers; the agent's cap 2 and 600 requests a minute). Every
+score names its sample (``identity``). ``group_wait`` and ``group_timeout`` are an hour and each
+run's timeout 15 minutes: a group that waited for a session verl knows has failed would hold its step
+past the run's end (the 634 s step of issue 45)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.helpers import session_probe
+from tests.helpers.rollout_dump import dump_rows
+
+CAP, RPM, N, PROMPTS = 2, 600, 4, 8
+RUNS = {"sync": 2, "colocate_async": 3}  # mode -> steps
+BUDGET_STEPS, BUDGET_TOKENS = 4, 4000
+WAIT = 3600  # s: a group closed by its timer would outlast the run's timeout
+LEGACY = "sync"  # the run spelled the legacy way
+
+
+def hydra_value(value) -> str:
+    from verl_async_rm_rig.cpu_backend.launch import _hydra_value
+
+    return _hydra_value(value)
+
+
+def run_config(out: Path, assets, loops: str, data: str, base_url: str, mode: str, legacy: bool = False):
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig
+
+    kwargs = {"call_log": str(out / "calls.jsonl"), "hook_log": str(out / "hooks.jsonl"), "base_url": base_url}
+    reward = {"reward_path": str(Path(session_probe.__file__)), "reward_name": "ProbeJudge", "reward_kwargs": kwargs,
+              "reward_manager": "async_agent"}
+    legacy_overrides = []
+    if legacy:  # the toy reward under reward.*, verl's manager unnamed there: the legacy keys must win
+        reward = {}
+        legacy_overrides = ["reward_model.reward_manager=async_agent",  # verl's legacy selector, string form
+                            f"custom_reward_function.path={Path(session_probe.__file__)}",  # verl's legacy top-level block
+                            "custom_reward_function.name=ProbeJudge",
+                            f"+custom_reward_function.reward_kwargs={hydra_value(kwargs)}"]
+    return CPURunConfig(
+        out_dir=str(out), trainer="v1", steps=RUNS[mode], model_dir=assets.model_dir, train_file=data,
+        val_file=assets.val_file, val_before_train=mode == "sync", **reward,
+        timeout_s=900, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the probe loop
+        v1_poll_interval_s=0.05 if mode == "sync" else None,  # the rig's fast sampler is verl's sync one
+        extra_overrides=[
+            *legacy_overrides,
+            f"trainer.v1.trainer_mode={mode}",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+            "reward.num_workers=3",
+            f"+reward.async_agent.max_concurrency={CAP}",
+            f"+reward.async_agent.requests_per_minute={RPM}",
+            "+reward.async_agent.max_attempts=6",  # injected 500s: retried until the judge answers
+            f"+reward.async_agent.group_wait={WAIT}",
+            f"+reward.async_agent.group_timeout={WAIT}",
+            f"+reward.async_agent.verdict_log={out / 'verdicts.jsonl'}",
+            f"trainer.rollout_data_dir={out / 'rollouts'}",
+        ],
+    )
+
+
+def budget_config(out: Path, assets, loops: str, data: str, base_url: str):
+    cfg = run_config(out, assets, loops, data, base_url, "colocate_async")
+    cfg.steps = BUDGET_STEPS
+    cfg.extra_overrides += [f"+reward.async_agent.token_budget={BUDGET_TOKENS}", "+reward.async_agent.reserve_output_tokens=8"]
+    return cfg
+
+
+def run_all(tmp_path_factory) -> dict:
+    """Every run, two at a time, each with its own judge: name -> (out_dir, RunResult, the judge's stats)."""
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
+    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
+
+    assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path_factory.mktemp("assets"))))
+    data_dir = Path(assets.out_dir) / "data"
+    loops = session_probe.write_config(str(data_dir / "loops.yaml"))
+    data = session_probe.write_dataset(assets.train_file, str(data_dir / "probe.parquet"))
+    names = [*RUNS, "budget"]
+    judges = {"budget": JudgeServerConfig(latency=(0.05, 0.15))}
+    servers = {name: JudgeServer(judges.get(name) or JudgeServerConfig(latency=(0.05, 0.15), rate_500=0.05, seed=i)).start()
+               for i, name in enumerate(names)}
+    outs = {name: tmp_path_factory.mktemp(name) for name in names}
+
+    def config(name):
+        if name == "budget":
+            return budget_config(outs[name], assets, loops, data, servers[name].base_url)
+        return run_config(outs[name], assets, loops, data, servers[name].base_url, name, legacy=name == LEGACY)
+
+    waiting, alive, results = list(names), {}, {}
+    try:
+        while waiting or alive:
+            while waiting and len(alive) < 2:
+                name = waiting.pop(0)
+                alive[name] = start(config(name), progress=False)
+            for name in [n for n, running in alive.items() if running.poll()]:
+                running = alive.pop(name)
+                running.close()
+                results[name] = running.result()
+            time.sleep(0.5)
+    finally:
+        for running in alive.values():
+            running.close()
+        stats = {name: server.stats() for name, server in servers.items()}
+        for server in servers.values():
+            server.close()
+    return {name: (outs[name], results[name], stats[name]) for name in names}
+
+
+def read_jsonl(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def training_calls(out: Path) -> list[dict]:
+    """The reward's calls for training samples (the sync run also validates, before step 1)."""
+    return [call for call in read_jsonl(out / "calls.jsonl") if not call["probe"].startswith(session_probe.VALIDATION)]
+
+
+def trained(out: Path) -> dict[int, list[dict]]:
+    """verl's rollout dump per step, without its synthetic padding rows."""
+    return {int(p.stem): [r for r in dump_rows(p) if not r["uid"].startswith("pad")]
+            for p in sorted((out / "rollouts").glob("*.jsonl"))}
