@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from verl_async_rm_rig.contestants import SHAPE, STOCK, STRATEGIES
 from verl_async_rm_rig.cpu_backend.assets import read_built
 from verl_async_rm_rig.cpu_backend.latency import MODELS as LATENCY_MODELS
 from verl_async_rm_rig.cpu_backend.latency import JudgeModel
@@ -52,21 +53,9 @@ from verl_async_rm_rig.cpu_backend.shared_cluster import SharedCluster
 from verl_async_rm_rig.cpu_backend.start_gate import passed_marker, read_step_clock
 from verl_async_rm_rig.cpu_backend.toy_task import JUDGE_LOG_ENV
 
-MODES: dict[str, list[str]] = {
-    "zero_latency": [],
-    "baseline": [],
-    "pipeline": ["mini_batch_pipeline=true"],
-    "off_policy": ["off_policy_steps=1"],
-    "both": ["mini_batch_pipeline=true", "off_policy_steps=1"],
-    # opt-in: two batches ahead (v0 only), for a reward tail longer than a step's compute
-    "both_k2": ["mini_batch_pipeline=true", "off_policy_steps=2"],
-    # opt-in: the same, with verl's off-policy correction (token-level importance weights between the
-    # rollout's and the trainer's log-probs: the decoupled PPO loss the recipe offered)
-    "both_k2_rc": ["mini_batch_pipeline=true", "off_policy_steps=2", "+algorithm.rollout_correction.rollout_is=token"],
-}
+MODES: dict[str, list[str]] = {"zero_latency": [], STOCK: [], **STRATEGIES}
 DEFAULT_MODES = ["zero_latency", "baseline", "pipeline", "off_policy", "both"]
 DEFAULT_TRAINER = "v0"
-SHAPE = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
 # Phases drawn in the timeline, from verl's timing_s/* metrics (the rest of a step is "other").
 PHASES = {"gen": "generation", "reward_wait": "waiting on rewards", "update_actor": "updates"}
 

@@ -1,6 +1,7 @@
 """What one end-to-end run's files say, beyond verl's metrics (pure: parsed data in, figures out).
 
-bench/e2e.py reads the files and hands their contents here:
+bench/e2e.py and the demo (demo.py: its lanes are the benchmark's runs) read the files and hand their
+contents here:
 
 - the step clock (cpu_backend/start_gate.py): each step's wall-clock start, from which the
   training-loop time runs from the start gate to the last step's end, so what a trainer does between
