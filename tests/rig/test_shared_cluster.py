@@ -1,7 +1,7 @@
 """One Ray cluster for the demo's lanes (cpu_backend/shared_cluster.py): what a run's workers must be
 told through its runtime env and what it may not change; the launcher's overrides for a run on it;
-and, on a real cluster, two runs that park frozen at their gates, keep their own named actors and
-environment, and leave nothing behind."""
+and, on a real cluster, two runs that park frozen at their gates, keep their own named actors (also
+TransferQueue's, named in a fixed namespace) and environment, and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def test_two_runs_on_one_cluster_park_frozen_keep_their_own_actors_and_leave_not
         lanes = [RunningTrainer(CPURunConfig(
             out_dir=str(tmp_path / f"run{i}"), model_dir=str(tmp_path), train_file="t.parquet", val_file="v.parquet",
             entry_module="tests.helpers.fake_ray_job", start_gate=True, timeout_s=120, ray_address=cluster.address,
-            extra_env={"PYTHONPATH": str(ROOT)})) for i in range(2)]
+            # the checkout's rig before an installed one: the job imports the CPU backend under test
+            extra_env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "rig")])})) for i in range(2)]
         try:
             park_at_gates(lanes, poll_s=0.05)
             assert all(lane.at_gate and lane.frozen for lane in lanes)
@@ -121,6 +122,9 @@ def test_two_runs_on_one_cluster_park_frozen_keep_their_own_actors_and_leave_not
         seen = result.metrics[0]["data"]
         # the same actor name in both runs, each its own (anonymous namespaces), each with its run's environment
         assert seen["probe/metrics_path"] == lane.metrics_path
+        # and TransferQueue's controller, named in its fixed namespace: each run finds its own, never the
+        # first run's (frozen at its gate while the second trains: verl's v1 runs hung on it)
+        assert seen["probe/tq_metrics_path"] == lane.metrics_path
     assert results[0].metrics[0]["data"]["probe/namespace"] != results[1].metrics[0]["data"]["probe/namespace"]
     deadline = time.monotonic() + 10
     while marked_processes(temp_dir) and time.monotonic() < deadline:
@@ -184,3 +188,27 @@ def test_the_cluster_ends_when_the_process_that_started_it_is_killed():
         parent.kill()
         if temp_dir.startswith("/tmp/vrs"):
             reap_leftovers(temp_dir)
+
+
+@pytest.mark.local
+def test_transfer_queues_named_actors_are_looked_up_and_created_in_the_jobs_own_namespace(monkeypatch):
+    """verl's v1 trainer finds TransferQueue's controller by name in the fixed namespace
+    ``transfer_queue``: the CPU backend's patch makes it each job's, and leaves other namespaces."""
+    import ray
+    import transfer_queue.interface as interface
+
+    from verl_async_rm_rig.cpu_backend import tq_namespace
+
+    assert tq_namespace.install() and tq_namespace.install()  # idempotent: wrapped once
+    assert isinstance(interface.ray, tq_namespace.JobNamespacedRay) and not isinstance(interface.ray._ray, tq_namespace.JobNamespacedRay)
+    assert isinstance(interface.TransferQueueController, tq_namespace.JobNamespacedActorClass)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Context", (), {"get_job_id": lambda self: "03000000"})())
+    looked_up, created = [], []
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: looked_up.append((name, namespace)))
+    interface.ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    interface.ray.get_actor("other", namespace="mine")
+    assert looked_up == [("TransferQueueController", "transfer_queue_03000000"), ("other", "mine")]
+    controller = interface.TransferQueueController._actor_class
+    monkeypatch.setattr(controller, "options", lambda **kw: created.append(kw))
+    interface.TransferQueueController.options(name="TransferQueueController", namespace="transfer_queue")
+    assert created == [{"name": "TransferQueueController", "namespace": "transfer_queue_03000000"}]
