@@ -431,28 +431,6 @@ def start_gate_supported() -> bool:
     return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
 
 
-def read_dumps(folder: Path) -> dict[int, list[dict]]:
-    """verl's dump folder: step -> its rows. Rows split on "\n" alone: verl writes them with
-    ensure_ascii=False, and a sampled response may hold U+2028, on which str.splitlines also splits."""
-    out = {}
-    for path in folder.glob("*.jsonl") if folder.is_dir() else []:
-        if path.stem.isdigit():
-            out[int(path.stem)] = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().split("\n"):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # the empty tail, or a line cut by a killed writer
-    return rows
-
-
 def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None,
              loop_start: Optional[float] = None, queue_position: Optional[int] = None,
              step_starts: Optional[list[float]] = None) -> Outcome:
@@ -460,7 +438,7 @@ def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_
     calls on the step timeline (the demo's reader); without it the run has no calls drawn.
     ``step_starts``: the trainer's step clock (wall-clock starts), which places the steps there too and
     makes the loop time run from the gate (verl_async_rm_rig.run_figures.step_offsets)."""
-    from verl_async_rm_rig.run_figures import dump_figures, judge_window, step_offsets
+    from verl_async_rm_rig.run_figures import dump_figures, judge_window, read_dumps, read_jsonl, step_offsets
     from verl_async_rm_rig.cpu_backend.launch import read_all_metrics
 
     if not result.ok:
@@ -495,16 +473,12 @@ def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_
                    None if startup_s is None else round(startup_s, 1), queue_position, judge, dumps)
 
 
-# One run's memory beyond a standard run's (demo.RUN_MEMORY_GB): verl's reward loop at its default
-# size starts 7 more reward-loop worker processes, each with verl imported (an estimate from a verl
-# process's resident set, not measured per worker: it only sizes how many runs start up at once).
-REWARD_LOOP_WORKER_GB = 0.35
-
 
 def startups_that_fit(jobs: list[Job], parallel: int) -> int:
     """How many of ``jobs`` (from the first) start up together: at most ``parallel``, and only as many
     as free memory holds (a Ray cluster a run; a verl reward loop of 8 workers weighs more)."""
-    from verl_async_rm_rig.demo import RUN_MEMORY_GB, default_parallel_startups
+    # a reward-loop worker's memory beyond a standard run's: demo.REWARD_LOOP_WORKER_GB, the demo's estimate
+    from verl_async_rm_rig.demo import REWARD_LOOP_WORKER_GB, RUN_MEMORY_GB, default_parallel_startups
 
     weights = [1 + (STOCK_COMMAND.get(job.run.mode, 1) - 1) * REWARD_LOOP_WORKER_GB / RUN_MEMORY_GB["per_run"]
                for job in jobs]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import bench.e2e as e2e
-from verl_async_rm_rig import contestants, demo
+from verl_async_rm_rig import contestants
 
 
 @pytest.mark.quick
@@ -45,8 +45,3 @@ def test_a_run_scores_through_its_own_judge_server_or_the_simulated_judge():
     simulated = contestants.REGIMES["tail_1x"].judge(0.8, 0)
     assert contestants.reward_function(simulated)["reward_kwargs"] == simulated
     assert contestants.start_judge_server(simulated) is None
-
-
-@pytest.mark.quick
-def test_the_demos_strategy_modes_are_the_contestants():
-    assert all(demo.MODES[m] is contestants.MODES[m] for m in contestants.STRATEGIES)

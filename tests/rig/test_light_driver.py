@@ -183,12 +183,14 @@ print(heavy)
 @pytest.mark.trainer
 @pytest.mark.slow
 def test_a_v1_strategy_run_trains_through_the_light_driver(tmp_path):
-    """verl's v1 TaskRunner run in the host actor (the demo's lanes are v0: tests/rig/test_demo.py)."""
+    """verl's v1 TaskRunner run in the host actor (a strategy's: the demo's own lanes, verl's modes, are
+    tests/rig/test_demo.py's)."""
     from verl_async_rm_rig import demo
     from verl_async_rm_rig.cpu_backend.launch import prepare_assets, run
 
     assets = prepare_assets(CPURunConfig(out_dir=str(tmp_path / "assets")))
-    cfg = demo.lane_config(tmp_path / "both", assets, "both", 2, 0, demo.uniform_judge((0.01, 0.05)), trainer="v1")
+    # a simulated judge, uniform in [C/40, C] with C = 0.05 s
+    cfg = demo.lane_config(tmp_path / "both", assets, demo.lane_of("both@tail_1x"), 2, 0, 0.05, decode_s=0.0)
     assert cfg.light_driver
     result = run(cfg, progress=False)
     if not result.ok:
