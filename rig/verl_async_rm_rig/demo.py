@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -760,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps >= 1, --compute > 0 and --decode-s >= 0 seconds")
     out = Path(args.out or tempfile.mkdtemp(prefix="verl_async_rm_demo_"))
     out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _terminate)
     started = time.time()
     report = run_demo(out, args.steps, args.seed, lanes, not args.quiet, compute_s=args.compute, decode_s=args.decode_s,
                       parallel_startups=args.parallel_startups, share_ray=args.ray_clusters == "shared")
@@ -774,6 +776,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=2))
     print(f"\nresults: {out / 'demo.json'}\ntimeline: {report['timeline']}\nwhole demo: {report['wall_time_s']} s")
     return 0
+
+
+def _terminate(signum: int, frame) -> None:
+    """SIGTERM ends the demo as an exception does: its lanes (a frozen one too), their judge servers
+    and the shared cluster are closed on the way out, not left behind (Python's default ends the
+    process at once, and a lane frozen at its gate outlived it)."""
+    raise SystemExit(128 + signum)
 
 
 def print_notes(report: dict) -> None:

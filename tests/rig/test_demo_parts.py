@@ -548,3 +548,17 @@ def test_lanes_with_verls_reward_loop_weigh_more_when_cutting_the_start_up_group
     assert names(demo.startup_groups(lanes)) == [["zero_latency", "sync"], ["colocate_async"], ["recommended"]]
     assert names(demo.startup_groups(lanes, parallel_startups=3)) == [["zero_latency", "sync", "colocate_async"], ["recommended"]]
     assert demo.lane_weight(demo.LANES["colocate_async"]) > 2 and demo.lane_weight(demo.LANES["sync"]) == 1
+
+
+@pytest.mark.quick
+def test_sigterm_ends_the_demo_through_its_clean_up(monkeypatch, tmp_path):
+    """A killed demo closes its lanes on the way out (a lane frozen at its gate outlived the demo's
+    default SIGTERM death): main installs a handler that raises, so the lanes' finally blocks run."""
+    import signal
+
+    installed = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.setdefault(signum, handler))
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **kw: installed[signal.SIGTERM](signal.SIGTERM, None))
+    with pytest.raises(SystemExit) as exc:
+        demo.main(["--out", str(tmp_path)])
+    assert exc.value.code == 128 + signal.SIGTERM
