@@ -71,7 +71,7 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
         started = time.monotonic()
         cluster = demo.shared_cluster(len(modes)) if share_ray else None
         lanes: dict[str, RunningTrainer] = {}
-        started: list = []  # the demo's lanes (demo.StartedLane: a trainer and its judge server)
+        running: list = []  # the demo's lanes (demo.StartedLane: a trainer and its judge server)
         seen: dict[tuple[str, int], tuple[str, float]] = {}
 
         def sample(lane_name: str, procs: list) -> None:
@@ -85,9 +85,9 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
 
         try:
             for mode in modes:
-                started.append(demo.start_lane(out / mode, assets, demo.lane_of(mode), 8, 0, demo.COMPUTE_S,
+                running.append(demo.start_lane(out / mode, assets, demo.lane_of(mode), 8, 0, demo.COMPUTE_S,
                                                ray_address=cluster and cluster.address, trainer=trainer))
-                lanes[mode] = started[-1].trainer
+                lanes[mode] = running[-1].trainer
             while True:
                 claimed: set[int] = set()
                 for mode, lane in lanes.items():
@@ -109,7 +109,7 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
                 raise RuntimeError(f"{ended} ended before the start gate; logs in {out}")
             torch_loaded = {pid: loads_torch(pid) for _, pid in seen}  # every run is parked: its processes live
         finally:
-            for lane in started:
+            for lane in running:
                 lane.close()
             if cluster is not None:
                 cluster.close()
