@@ -1,4 +1,4 @@
-"""The agent benchmark's explanations, measured: the figures behind README's notes on sync throughput
+"""The agent benchmark's explanations, measured: the figures behind the docs' notes on sync throughput
 and get wake-up.
 
 1. Sync zero-latency throughput, this tree vs an older revision (--base), alternating rounds, each
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,23 +42,33 @@ if RAY:  # both sides of the shared-limits A/B run beside a connected Ray (its t
     import os, ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-rates = []
+rates, cpu = [], []
 for _ in range(3):
     with RewardAgent(zero_sync, CONFIG) as agent:
-        start = time.perf_counter(); ticket = agent.submit(items, 8); got = 0
+        start, cpu_start = time.perf_counter(), time.process_time(); ticket = agent.submit(items, 8); got = 0
         while chunk := agent.get(ticket, 512):
             got += len(chunk)
         rates.append(got / (time.perf_counter() - start))
-print(max(rates))
+        cpu.append((time.process_time() - cpu_start) / got * 1e6)
+print(max(rates), min(cpu))
 '''
 
 
 def throughput(repo: str, freeze: bool = False, extra: dict | None = None, ray: bool = False) -> float:
+    return throughput_and_cpu(repo, freeze, extra, ray)[0]
+
+
+def throughput_and_cpu(repo: str, freeze: bool = False, extra: dict | None = None,
+                       ray: bool = False) -> tuple[float, float]:
+    """Scores/s (the best of 3 runs) and the process's CPU microseconds per sample (the least of 3): on a
+    shared machine the wall-clock rate follows the other work, the CPU cost per sample far less, so the
+    no-regression verdict is judged on the CPU cost and the rate is kept as a check."""
     code = f"REPO={repo!r}\nFREEZE={freeze}\nEXTRA={extra or {}!r}\nRAY={ray}\n" + THROUGHPUT
     for attempt in range(2):  # a Ray start can time out on a loaded machine: once more, then say why
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
         if out.returncode == 0:
-            return float(out.stdout.strip().splitlines()[-1])
+            rate, cpu = out.stdout.strip().splitlines()[-1].split()
+            return float(rate), float(cpu)
         print(f"throughput run failed (attempt {attempt + 1}): {out.stderr[-2000:]}", file=sys.stderr, flush=True)
     raise RuntimeError("throughput run failed twice")
 
@@ -164,11 +175,20 @@ def main() -> int:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", base, args.base], check=True,
                    capture_output=True)
     try:
-        sync = {"base": [], "this_tree": []}
+        sync = {"base": [], "this_tree": [], "base_cpu_us_per_sample": [], "this_tree_cpu_us_per_sample": []}
         for _ in range(args.rounds):
-            sync["base"].append(round(throughput(base)))
-            sync["this_tree"].append(round(throughput(str(ROOT))))
-            print(f"sync scores/s: base {sync['base'][-1]:,}  this tree {sync['this_tree'][-1]:,}", flush=True)
+            for side, repo in (("base", base), ("this_tree", str(ROOT))):
+                rate, cpu = throughput_and_cpu(repo)
+                sync[side].append(round(rate))
+                sync[f"{side}_cpu_us_per_sample"].append(round(cpu, 2))
+            print(f"sync scores/s: base {sync['base'][-1]:,}  this tree {sync['this_tree'][-1]:,}; CPU us/sample: "
+                  f"base {sync['base_cpu_us_per_sample'][-1]}  this tree {sync['this_tree_cpu_us_per_sample'][-1]}",
+                  flush=True)
+        ratios = [t / b for b, t in zip(sync["base_cpu_us_per_sample"], sync["this_tree_cpu_us_per_sample"])]
+        sync["cpu_per_sample_this_over_base_median"] = round(statistics.median(ratios), 3)
+        sync["no_regression"] = sync["cpu_per_sample_this_over_base_median"] <= 1.05  # within the rounds' noise
+        print(f"CPU per sample, this tree / base, median over rounds: {sync['cpu_per_sample_this_over_base_median']}"
+              f" ({'no regression' if sync['no_regression'] else 'REGRESSION'})", flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", base], capture_output=True)
     gc_effect = {"as_is": round(throughput(str(ROOT))), "gc_frozen": round(throughput(str(ROOT), freeze=True))}

@@ -149,7 +149,7 @@ if __name__ == "__main__":
 
 
 def markdown(report: dict) -> str:
-    """The README's back-pressure table, from this benchmark's JSON."""
+    """The back-pressure table of docs/results.md, from this benchmark's JSON."""
     rows = []
     for name in ("token_bucket", "token_bucket_whole_seconds"):
         r = report[name]

@@ -59,10 +59,10 @@ instead). Several runs of one package tree are judged together by bench/pool_e2e
 Each finished run is cached under --work, keyed by what it ran (trainer, seed, regime parameters in
 seconds, mode, steps, and a fingerprint of the package source), so the same command resumes after an
 interruption; delete the folder to measure afresh.
-    python bench/e2e.py              # the README's figures (plan and estimate: add --dry-run)
+    python bench/e2e.py              # the earlier benchmark against verl's sync trainer (plan and estimate: add --dry-run)
     python bench/e2e.py --anchor     # issue 43: against verl's colocate_async, bench/results/e2e_anchor.json
     python bench/e2e.py --quick      # CI smoke: 2 short v1 runs (calibration + the tail-tolerant mode)
-    python bench/readme_tables.py --write-readme   # README tables and timeline from bench/results/e2e.json
+    python bench/results_page.py --write   # docs/results.md and the README's results table from bench/results/
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def mode_unavailable(mode: str, trainer: str = "v1") -> Optional[str]:
         if "max_staleness:" not in settings:
             return "the tail-tolerant pool (max_staleness) is not in this tree"
     if "failure_policy=mask" in overrides:
-        from verl_async_rm.policy import PolicyName
+        from verl_async_rm.failure_policy import PolicyName
 
         if "mask" not in typing.get_args(PolicyName):
             return "failure_policy: mask is not in this tree"
@@ -1113,7 +1113,7 @@ def _first_last(row: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's e2e tables (a test checks the README quotes them verbatim)."""
+    """The e2e tables (docs/results.md quotes them; tests/benchmarks/test_e2e_report.py checks it)."""
     lines = [f"Setup: {report['setup']}", ""]
     lines += ["| trainer | regime | run | loop time s | reduction vs stock | hidden (stock bound) | hidden (same-mode bound) "
               "| hidden (same-mode bound), steps 2..N-1 | first / last step minus the same mode's, instant judge, s "

@@ -38,12 +38,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verl_async_rm.user_rewards.llm_judge import JudgeReward  # noqa: E402
 from verl_async_rm import RewardAgent  # noqa: E402
-from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, default_judge, group_prompt  # noqa: E402
-from verl_async_rm.user_rewards import group_judge  # noqa: E402
-from verl_async_rm.verdict_log import read_log  # noqa: E402
 from verl_async_rm.limits import rate_bound  # noqa: E402
+from verl_async_rm.user_rewards import group_judge  # noqa: E402
+from verl_async_rm.user_rewards.llm_judge import JudgeReward  # noqa: E402
+from verl_async_rm.verdict_log import read_log  # noqa: E402
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig, default_judge, group_prompt  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -392,7 +392,7 @@ def run_budget(
     the shipped judge's estimate is meant to cover."""
     import threading
 
-    from verl_async_rm.outcome import BudgetExceeded
+    from verl_async_rm.errors import BudgetExceeded
 
     costs: list[int] = []
     lock = threading.Lock()

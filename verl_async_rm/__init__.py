@@ -14,19 +14,28 @@ _EXPORTS = {
     "RewardAgent": "verl_async_rm.agent",
     "AsyncRewardAgent": "verl_async_rm.agent",
     "RewardClient": "verl_async_rm.client",
-    "AgentClosed": "verl_async_rm.outcome",
-    "FailureBudgetExceeded": "verl_async_rm.outcome",
     "AgentConfig": "verl_async_rm.config",
     "RewardSpec": "verl_async_rm.loader",
     "load_reward": "verl_async_rm.loader",
-    "RewardError": "verl_async_rm.outcome",
-    "RewardFunctionError": "verl_async_rm.outcome",
-    "RewardItem": "verl_async_rm.outcome",
-    "TicketCancelled": "verl_async_rm.outcome",
-    "ScoredChunk": "verl_async_rm.outcome",
-    "RetryableError": "verl_async_rm.retry",
+    "RewardItem": "verl_async_rm.items",
+    "ScoredChunk": "verl_async_rm.outcomes",
+    # the exceptions: one tree under AsyncRMError (below; the tree: errors.py)
+    "AgentClosed": "verl_async_rm.errors",
+    "BudgetExceeded": "verl_async_rm.errors",
+    "FailureBudgetExceeded": "verl_async_rm.errors",
+    "RetryableError": "verl_async_rm.errors",
+    "RewardError": "verl_async_rm.errors",
+    "RewardFunctionError": "verl_async_rm.errors",
+    "TicketCancelled": "verl_async_rm.errors",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "AsyncRMError"])
+
+
+class AsyncRMError(Exception):
+    """The base of every exception verl-async-rm raises (the tree: ``verl_async_rm/errors.py``).
+    Defined with the package itself: on a verl it does not support, the plugin verl loads in every
+    one of its processes raises ``verl_compat.VerlVersionError`` without loading any other module
+    of ours."""
 
 
 def __getattr__(name: str):

@@ -26,8 +26,10 @@ from verl_async_rm import log_redaction
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.core import ScoringEngine
 from verl_async_rm.engine.ledger import assemble_chunk
+from verl_async_rm.errors import AgentClosed
+from verl_async_rm.items import RewardItem
 from verl_async_rm.loader import UserReward, load_reward, wrap_reward
-from verl_async_rm.outcome import AgentClosed, RewardItem, ScoredChunk
+from verl_async_rm.outcomes import ScoredChunk
 
 _ITEM_FIELDS = ("solution_str", "ground_truth", "data_source", "extra_info", "uid", "index")
 _ITEM_KEYS = frozenset(_ITEM_FIELDS)

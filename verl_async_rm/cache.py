@@ -13,7 +13,8 @@ import json
 from collections import OrderedDict
 from typing import Any, Hashable
 
-from verl_async_rm.outcome import RewardItem, Scored
+from verl_async_rm.items import RewardItem
+from verl_async_rm.outcomes import Scored
 
 
 def request_key(item: RewardItem) -> Hashable:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Mapping, Protocol
 
-from verl_async_rm.outcome import RewardItem, ScoredChunk
+from verl_async_rm.items import RewardItem
+from verl_async_rm.outcomes import ScoredChunk
 
 
 class RewardClient(Protocol):

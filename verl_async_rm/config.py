@@ -7,7 +7,7 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verl_async_rm.policy import FailurePolicy, PolicyName, failure_policy
+from verl_async_rm.failure_policy import FailurePolicy, PolicyName, failure_policy
 
 
 class SharedLimitsConfig(BaseModel):

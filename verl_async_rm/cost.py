@@ -136,6 +136,20 @@ class Prices:
         return (input_tokens * float(self.input_per_million) + output_tokens * float(self.output_per_million)) / MILLION
 
 
+@dataclass(frozen=True)
+class CostStatistics:
+    input_tokens: int  # reported by the judge
+    output_tokens: int
+    cost: float  # of the reported usage, at the configured prices
+    estimated_input_tokens: int  # charged from reservations: requests that reported no usage
+    estimated_output_tokens: int
+    estimated_cost: float
+    usage_reported_requests: int
+    usage_estimated_requests: int
+    reserved_tokens: int  # held by requests in flight
+    budget_overruns: int  # requests that reported more than their reservation
+
+
 class CostLedger:
     """Charged and reserved tokens against an optional token and money budget."""
 
@@ -160,14 +174,24 @@ class CostLedger:
             return False
         return self.money_budget is None or self.prices.cost(usage) <= self.money_budget
 
-    def admit(self, reservation: Usage) -> bool | None:
-        """True: reserved, send it. False: wait (reservations in flight may free room). None: it can
-        never fit (nothing in flight): the budget is spent."""
+    def room(self, reservation: Usage) -> bool | None:
+        """True: it fits now. False: wait (reservations in flight may free room). None: it can never
+        fit (nothing in flight): the budget is spent."""
         if self.fits(self.charged + self.reserved + reservation):
-            self.reserved += reservation
-            self.in_flight += 1
             return True
         return False if self.in_flight else None
+
+    def reserve(self, reservation: Usage) -> None:
+        """A request that fits (``room``) is sent: hold its reservation until it ends (``release``)."""
+        self.reserved += reservation
+        self.in_flight += 1
+
+    def admit(self, reservation: Usage) -> bool | None:
+        """``room``, and the reservation held when it fits."""
+        room = self.room(reservation)
+        if room:
+            self.reserve(reservation)
+        return room
 
     def release(self, reservation: Usage, reported: Usage | None, *, charge: bool = True) -> None:
         """An admitted request ended: charge what it reported, else its reservation (``charge``
@@ -204,19 +228,19 @@ class CostLedger:
         return (f"{' and '.join(parts)}: {charged.total} tokens charged ({self.money(charged):.6g} money), "
                 f"{self.reserved.total} reserved in flight")
 
-    def snapshot(self) -> dict:
-        return {
-            "input_tokens": self.reported.input_tokens,
-            "output_tokens": self.reported.output_tokens,
-            "cost": self.money(self.reported),
-            "estimated_input_tokens": self.estimated.input_tokens,
-            "estimated_output_tokens": self.estimated.output_tokens,
-            "estimated_cost": self.money(self.estimated),
-            "usage_reported_requests": self.reported_requests,
-            "usage_estimated_requests": self.estimated_requests,
-            "reserved_tokens": self.reserved.total,
-            "budget_overruns": self.overruns,
-        }
+    def statistics(self) -> CostStatistics:
+        return CostStatistics(
+            input_tokens=self.reported.input_tokens,
+            output_tokens=self.reported.output_tokens,
+            cost=self.money(self.reported),
+            estimated_input_tokens=self.estimated.input_tokens,
+            estimated_output_tokens=self.estimated.output_tokens,
+            estimated_cost=self.money(self.estimated),
+            usage_reported_requests=self.reported_requests,
+            usage_estimated_requests=self.estimated_requests,
+            reserved_tokens=self.reserved.total,
+            budget_overruns=self.overruns,
+        )
 
 
 def chunk_usage(extra_info: Mapping[str, list]) -> Usage:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from verl_async_rm.errors import LimitsConflict
 from verl_async_rm.limits import LeakyBucket
 
 
@@ -43,10 +44,6 @@ class EndpointLimits:
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
-
-
-class LimitsConflict(ValueError):
-    """Two jobs declared different limits for one endpoint."""
 
 
 def window_bucket(per_minute: float, permit_ttl: float) -> LeakyBucket:

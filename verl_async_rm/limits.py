@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from verl_async_rm.errors import EstimateRefused
+
 
 class LeakyBucket:
     """``capacity`` units, draining at ``drain_per_s``. Times are seconds on the caller's clock."""
@@ -77,10 +79,6 @@ def approx_tokens(item) -> int:
     thumb for English) over what a judge reads: the response, the reference and the extra info."""
     text = len(item.solution_str) + len(str(item.ground_truth or "")) + len(str(item.extra_info or ""))
     return text // 4 + 1
-
-
-class EstimateRefused(ValueError):
-    """A token estimate that is not a finite number >= 0: the request is refused, never sent."""
 
 
 def checked_estimate(estimator: Callable[[Any], Any], name: str) -> Callable[[Any], float]:

@@ -27,7 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from verl_async_rm.outcome import RewardFunctionError
+from verl_async_rm.errors import RewardFunctionError
 
 SCORE_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 

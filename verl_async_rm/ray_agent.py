@@ -27,8 +27,9 @@ from typing import Any, Hashable, Mapping
 
 from verl_async_rm.agent import AsyncRewardAgent, _check_group_size, as_item
 from verl_async_rm.config import AgentConfig
+from verl_async_rm.errors import AgentClosed
 from verl_async_rm.loader import RewardSpec, load_reward
-from verl_async_rm.outcome import AgentClosed, ScoredChunk
+from verl_async_rm.outcomes import ScoredChunk
 
 DEFAULT_ACTOR_NAME = "verl_async_rm_agent"
 ACTOR_MAX_CONCURRENCY = 10_000  # concurrent get/next_answers calls; per-sample calls do not hold one

@@ -16,20 +16,10 @@ from dataclasses import dataclass
 from tenacity import stop_after_attempt, wait_random_exponential
 from tenacity.wait import wait_base
 
+from verl_async_rm.errors import RetryableError  # noqa: F401 - where rewards have imported it from
+
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 THROTTLE_STATUS = frozenset({429, 503})
-
-
-class RetryableError(Exception):
-    """Raise (or subclass) this from a reward function to ask the agent for another attempt.
-    A subclass may set ``kind``: the short cause reported in metrics and in failed samples."""
-
-    retryable = True
-    kind = "retryable_error"
-
-    def __init__(self, message: str = "", retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from verl_async_rm.agent import RewardAgent, as_item
-from verl_async_rm.outcome import RewardError
+from verl_async_rm.errors import RewardError
 
 ITEM_KEYS = ("solution_str", "ground_truth", "data_source", "extra_info", "uid")
 FIRST_FAILURES = 3  # failure messages shown in the summary

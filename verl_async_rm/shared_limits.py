@@ -5,11 +5,11 @@ requests/tokens per minute and 429 back-off from one detached named actor,
 ``async_rm_limiter:judge-a`` (namespace ``shared_limits.namespace``), created by the first job and
 found by the others. Why leases and how they keep the sum within the limits: ``lease_table.py``.
 
-The job's side (``SharedLimitsClient``) sits beside the engine's request pipeline on its loop and
-only moves numbers the pipeline already reads: its concurrency cap (``pipeline.cap``, set to the
-lease), its rate buckets (``pipeline.rpm``/``tpm``, replaced by pools of leased permits with the
-bucket's ``wait_time``/``take``), and the flow control's pause (``flow.paused_until``, extended to the
-endpoint's back-off). The pipeline is unchanged: a request pays no remote call; one heartbeat per
+The job's side (``SharedLimitsClient``) is one of admission's meters (``engine/meters.py``), in
+the place of the job's own rate limits: a request starts when the lease has a slot for it (its
+granted share of the endpoint's concurrency) and, with rate limits, a leased permit (pools of
+permits read as the local buckets are: ``wait_time``/``take``). The endpoint's back-off reaches the
+flow control as a pause (``flow.hold``). A request pays no remote call; one heartbeat per
 ``heartbeat_s`` (or sooner, when a pool runs dry) renews everything. Without the setting nothing
 here is imported or created: a job behaves exactly as before.
 
@@ -38,8 +38,11 @@ import math
 import secrets
 import time
 from collections import deque
+from typing import Any, Callable
 
-from verl_async_rm.lease_table import EndpointLimits, LeaseTable, LimitsConflict
+from verl_async_rm.engine.meters import RequestRate, TokenRate
+from verl_async_rm.errors import LimitsConflict
+from verl_async_rm.lease_table import EndpointLimits, LeaseTable
 from verl_async_rm.limits import strict_bucket
 
 _log = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ def limiter_actor(endpoint: str, namespace: str, lease_ttl: float, permit_ttl: f
 
 class LeasedPermits:
     """Rate permits (requests or tokens) leased from the limiter, each batch usable until its expiry
-    (on the loop's clock). The pipeline reads it as it reads a ``LeakyBucket``."""
+    (on the loop's clock). The lease's rate meters read it as they read a ``LeakyBucket``."""
 
     def __init__(self, client: SharedLimitsClient, whole: bool):
         self.client = client
@@ -135,22 +138,40 @@ class LeasedPermits:
         return max(0.0, queued * self.typical - self.available(now))
 
 
-class SharedLimitsClient:
-    """One job's lease on the endpoint's limits, renewed on the engine's loop."""
+@dataclasses.dataclass(frozen=True)
+class SharedLimitsStatistics:
+    shared_slots: int  # the lease's concurrency now (the job's own cap while on local limits)
+    shared_heartbeats: int  # grants received
+    shared_reattached: int  # registrations with a limiter found again (or re-created) after a failure
+    shared_local_fallbacks: int  # times no limiter answered for lease_ttl
+    shared_on_local_limits: bool  # on the job's own limits now
 
-    def __init__(self, pipeline, flow, config, loop: asyncio.AbstractEventLoop):
+
+class SharedLimitsClient:
+    """One job's lease on the endpoint's limits, renewed on the engine's loop; admission's meter for
+    them (``wait``/``take``). ``bind`` gives it the pipeline it admits for, and starts the renewals."""
+
+    reserves = False
+
+    def __init__(self, flow, config, loop: asyncio.AbstractEventLoop, token_estimate: Callable[[Any], float]):
+        """``token_estimate``: a request's tokens for ``tokens_per_minute`` (checked)."""
         import ray
 
         self.settings = config.shared_limits
-        self.pipeline, self.flow, self.loop = pipeline, flow, loop
+        self.flow, self.loop = flow, loop
+        self.pipeline = None  # bound once built (``bind``)
         self.job = secrets.token_hex(8)
         self.limits = EndpointLimits(config.max_concurrency, config.requests_per_minute, config.tokens_per_minute)
         self.actor = limiter_actor(self.settings.endpoint, self.settings.namespace, self.settings.lease_ttl,
                                    self.settings.permit_ttl, batch_s=max(0.5, 2 * self.settings.heartbeat_s))
         self.rpm = LeasedPermits(self, whole=True) if config.requests_per_minute else None
         self.tpm = LeasedPermits(self, whole=False) if config.tokens_per_minute else None
-        pipeline.rpm, pipeline.tpm = self.rpm, self.tpm
-        pipeline.cap = 0  # nothing is sent before the first lease
+        # The rate limits' meters, on the leased permits (on the job's own buckets while ``local``).
+        self._requests = RequestRate(self.rpm) if self.rpm is not None else None
+        self._tokens = TokenRate(self.tpm, token_estimate) if self.tpm is not None else None
+        self._rates = [rate for rate in (self._requests, self._tokens) if rate is not None]
+        self._cap = None  # the pipeline's concurrency cap: its requests in flight hold the lease's slots
+        self.slots = 0  # granted by the lease: nothing is sent before the first one
         self.version = -1
         self.valid_until = -math.inf
         self.heartbeats = 0
@@ -180,10 +201,37 @@ class SharedLimitsClient:
                 raise LimitsConflict(f"shared_limits endpoint {self.settings.endpoint!r}: {exc.cause}") from None
             raise
         self._apply(grant, sent)
-        if loop.is_running():
-            loop.call_soon_threadsafe(self._start)
+
+    def bind(self, pipeline) -> None:
+        """The pipeline this lease admits for (its queue and slots are the heartbeat's report), and
+        the renewals start."""
+        self.pipeline = pipeline
+        self._cap = pipeline.slots
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self._start)
         else:
-            loop.call_soon(self._start)
+            self.loop.call_soon(self._start)
+
+    # -- admission: a meter (engine/meters.py) ----------------------------------------------------
+    def wait(self, sample, now: float) -> float | None:
+        """None without a free slot of the lease (a grant, or a request ending, pumps again);
+        otherwise the wait for a permit of each rate limit (a dry pool asks for more at once)."""
+        if self._cap.in_flight >= self.slots:
+            return None
+        delay = 0.0
+        for rate in self._rates:
+            until = rate.wait(sample, now)
+            if until > delay:
+                delay = until
+        return delay
+
+    def take(self, sample, now: float) -> None:
+        for rate in self._rates:
+            rate.take(sample, now)
+
+    def _pump(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.pump()
 
     def _start(self) -> None:
         if not self._closed:
@@ -208,10 +256,10 @@ class SharedLimitsClient:
             if early > 0:
                 await asyncio.sleep(early)
             self._last_beat = self.loop.time()
-            if self.loop.time() > self.valid_until and self.pipeline.cap and not self.local:
+            if self.loop.time() > self.valid_until and self.slots and not self.local:
                 _log.error("shared_limits %r: no lease renewal for %.1fs; sending stops until the limiter answers",
                            self.settings.endpoint, self.settings.lease_ttl / 2)
-                self.pipeline.cap = 0
+                self.slots = 0
             if self._registering is None:
                 try:
                     await self._beat()
@@ -224,7 +272,7 @@ class SharedLimitsClient:
                     if isinstance(exc, RayActorError) and not self.local:
                         # The limiter is gone with its book: the next one will hand this job's slots
                         # to others. Nothing new is sent until it registers (what is in flight ends).
-                        self.pipeline.cap = 0
+                        self.slots = 0
                     self._registering = self.loop.create_task(self._find_and_register())
                     self._registering_since = self.loop.time()
             await self._await_registration()
@@ -282,17 +330,22 @@ class SharedLimitsClient:
             "shared_limits %r: no limiter answered or could be re-created for %.1fs (%s); this job falls back to "
             "its own limits (%s) until one does: jobs sharing the endpoint may together exceed them meanwhile",
             self.settings.endpoint, self.settings.lease_ttl, why, self.limits.describe())
-        self.pipeline.rpm = strict_bucket(config.requests_per_minute) if config.requests_per_minute else None
-        self.pipeline.tpm = strict_bucket(config.tokens_per_minute) if config.tokens_per_minute else None
-        self.pipeline.cap = config.max_concurrency
-        self.pipeline.pump()
+        if self._requests is not None:
+            self._requests.bucket = strict_bucket(config.requests_per_minute)
+        if self._tokens is not None:
+            self._tokens.bucket = strict_bucket(config.tokens_per_minute)
+        self.slots = config.max_concurrency
+        self._pump()
 
     async def _register(self, actor):
         return await actor.register.remote(self.job, dataclasses.asdict(self.limits), **self._initial_wants)
 
     def _back_to_leasing(self) -> None:
         self.local = False
-        self.pipeline.rpm, self.pipeline.tpm = self.rpm, self.tpm
+        if self._requests is not None:
+            self._requests.bucket = self.rpm
+        if self._tokens is not None:
+            self._tokens.bucket = self.tpm
         _log.error("shared_limits %r: a limiter answers again; this job leases the shared limits again "
                    "(it ran on its own limits meanwhile)", self.settings.endpoint)
 
@@ -329,14 +382,12 @@ class SharedLimitsClient:
             self.tpm.add(grant["tokens"], expires)
         pause = grant["paused_until"]
         if pause > time.time():  # another job was told to back off: so is this one
-            self.flow.paused_until = max(self.flow.paused_until, self.loop.time() + pause - time.time())
-        self.pipeline.cap = grant["slots"]
-        self.pipeline.pump()
+            self.flow.hold(self.loop.time() + pause - time.time())
+        self.slots = grant["slots"]
+        self._pump()
 
-    def snapshot(self) -> dict:
-        return {"shared_slots": self.pipeline.cap, "shared_heartbeats": self.heartbeats,
-                "shared_reattached": self.reattached, "shared_local_fallbacks": self.local_fallbacks,
-                "shared_on_local_limits": self.local}
+    def statistics(self) -> SharedLimitsStatistics:
+        return SharedLimitsStatistics(self.slots, self.heartbeats, self.reattached, self.local_fallbacks, self.local)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -62,6 +62,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from verl_async_rm.errors import RewardChanged
+
 _log = logging.getLogger(__name__)
 
 VERSION = 2
@@ -344,10 +346,6 @@ class LoggedAnswer:
     score: float
     extra: dict
     attempts: int
-
-
-class RewardChanged(ValueError):
-    """A resume against a log written by another reward (or by an unknown one)."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import importlib
 
+from verl_async_rm import AsyncRMError
+
 SUPPORTED_VERL = ("0.9.1", "0.10")  # >= lower, < upper
 
 
-class VerlVersionError(RuntimeError):
-    """The installed verl is not a release this package supports, or lacks an internal it needs."""
+class VerlVersionError(AsyncRMError, RuntimeError):
+    """The installed verl is not a release this package supports, or lacks an internal it needs.
+    (Here, not in ``errors.py``: verl's plugin checks the version in every verl process and, on an
+    unsupported verl, must load nothing of ours beyond this module.)"""
 
 
 def _parse(version: str) -> tuple[int, ...]:

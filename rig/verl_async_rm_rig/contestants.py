@@ -66,7 +66,7 @@ TAIL_DROP = ["off_policy_steps=auto", "max_staleness=2", "on_stale=drop"]
 # (at least ticket_deadline / step time), against `tail`, whose bound of 2 is shorter.
 TAIL_S6 = ["off_policy_steps=auto", "max_staleness=6", "on_stale=wait"]
 # The README's rule made executable: max_staleness=auto raises the bound each step to ceil(ticket
-# deadline / median step compute) (strategies/pool.py), so no step waits for a group the deadline
+# deadline / median step compute) (strategies/staleness_pool.py), so no step waits for a group the deadline
 # settles. It needs a ticket deadline: in a regime without one (the instant judge, its same-mode
 # bound), the heavy regime's (AUTO_BOUND_DEADLINE), so both runs are the same configuration.
 TAIL_AUTO = ["off_policy_steps=auto", "max_staleness=auto", "on_stale=wait"]

@@ -298,7 +298,7 @@ class TokenBucket:
     """``capacity`` tokens, full at the start, refilled continuously at ``refill_per_s``; an accepted
     request takes one whole token. Pure: time is passed in, so the arithmetic is tested exactly.
 
-    Written here rather than taken from aiolimiter (already a dependency) because a server needs
+    Written here rather than taken from aiolimiter (not a dependency) because a server needs
     "take a token now, or tell me how long until there is one" without waiting, and aiolimiter only
     offers an awaiting ``acquire``.
     """

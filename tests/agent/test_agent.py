@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REWARDS
 from verl_async_rm.agent import RewardAgent
-from verl_async_rm.outcome import RewardError, TicketCancelled
+from verl_async_rm.errors import RewardError, TicketCancelled
 
 pytestmark = pytest.mark.quick
 EXAMPLES = str(REWARDS / "examples.py")
@@ -323,3 +323,35 @@ def test_a_drained_ticket_is_freed_at_once_not_when_its_request_timeouts_are_due
                 time.sleep(0.01)
             assert run() is None, "a drained ticket is still referenced: " + ", ".join(
                 sorted({type(r).__name__ for r in gc.get_referrers(run())}))
+
+
+METRICS_KEYS = [  # what metrics() has always returned, in this order (a thread executor: "threads"; shared_limits: "shared_*")
+    "submitted", "completed", "failed", "cancelled", "pending", "in_flight", "peak_in_flight", "queued", "hung_now",
+    "threads", "effective_cap", "open_tickets", "open_groups", "withdrawn_sessions", "stopped", "paused_s", "window",
+    "pace_per_s", "service_rate_per_s", "throttle_events", "input_tokens", "output_tokens", "cost",
+    "estimated_input_tokens", "estimated_output_tokens", "estimated_cost", "usage_reported_requests",
+    "usage_estimated_requests", "reserved_tokens", "budget_overruns", "resumed", "verdicts_logged", "retries",
+    "throttled", "hung_calls", "hook_failures", "cache_hits", "cache_misses", "split_groups", "failures_by_kind",
+    "attempt_errors_by_kind", "latency_p50", "latency_p95", "latency_max",
+]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_metrics_are_the_typed_statistics_of_each_part_flat(sync):
+    """Each source of metrics() gives a frozen dataclass; the engine's statistics() composes them, and
+    metrics() is that, flat, with every key it always had (an executor without threads has no "threads")."""
+    import dataclasses
+
+    reward = PeakCounter(sync=sync)
+    with RewardAgent(reward.compute_score, {"max_concurrency": 4}) as agent:
+        agent.get_all(agent.submit(items(8, group_size=2), 2))
+        statistics = agent._call(agent._engine.statistics)
+        metrics = agent.metrics()
+    assert list(metrics) == [key for key in METRICS_KEYS if sync or key != "threads"]
+    assert statistics.as_dict() == metrics  # (nothing moved between the two)
+    assert (statistics.samples.completed, statistics.tickets.open_tickets, statistics.shared) == (8, 0, None)
+    parts = [statistics, statistics.samples, statistics.pipeline, statistics.tickets, statistics.stream,
+             statistics.flow, statistics.cost, statistics.verdict_log]
+    for part in parts:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(part, dataclasses.fields(part)[0].name, None)

@@ -165,7 +165,7 @@ def test_a_bad_token_estimate_against_a_budget_is_refused_not_hung(estimate):
 
 
 def test_an_estimator_that_is_always_wrong_fails_the_run_loudly():
-    from verl_async_rm.outcome import FailureBudgetExceeded
+    from verl_async_rm.errors import FailureBudgetExceeded
 
     async def scenario():
         async with AsyncRewardAgent(reward, {"tokens_per_minute": 6000}, token_estimator=lambda item: float("nan")) as agent:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_async_rm.agent import AsyncRewardAgent
-from verl_async_rm.outcome import FailureBudgetExceeded, RewardError, TicketCancelled
+from verl_async_rm.errors import FailureBudgetExceeded, RewardError, TicketCancelled
 
 from tests.helpers.harness import virtual
 
@@ -458,10 +458,10 @@ def _calls_while_expiring(monkeypatch, backlog: int, group_size: int, policy: st
     and the chunk the ticket then hands out and the metrics."""
     import sys
 
-    from verl_async_rm.engine.core import ScoringEngine
+    from verl_async_rm.engine.tickets import TicketBook
 
     counted: list[int] = []
-    expire = getattr(ScoringEngine._expire_ticket, "__wrapped__", ScoringEngine._expire_ticket)
+    expire = getattr(TicketBook.expire, "__wrapped__", TicketBook.expire)
 
     def counting_expire(self, run):
         calls = 0
@@ -479,7 +479,7 @@ def _calls_while_expiring(monkeypatch, backlog: int, group_size: int, policy: st
         counted.append(calls)
 
     counting_expire.__wrapped__ = expire
-    monkeypatch.setattr(ScoringEngine, "_expire_ticket", counting_expire)
+    monkeypatch.setattr(TicketBook, "expire", counting_expire)
 
     async def forever(data_source, solution_str, ground_truth, extra_info=None):
         await asyncio.sleep(10**6)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
 from verl_async_rm.engine.group_judge import normalize_group_verdicts
+from verl_async_rm.errors import FailureBudgetExceeded, RewardFunctionError
 from verl_async_rm.loader import wrap_reward
-from verl_async_rm.outcome import FailureBudgetExceeded, RewardFunctionError
 
 from tests.helpers.harness import virtual
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_async_rm.engine.ledger import GroupResult, SettledGroup, StreamGroups, TicketLedger, assemble_chunk
-from verl_async_rm.outcome import Failed, RewardError, Scored
-from verl_async_rm.policy import Fill, Neutral, Raise, failure_policy, resolve_group
+from verl_async_rm.errors import RewardError
+from verl_async_rm.failure_policy import Fill, Neutral, Raise, failure_policy, resolve_group
+from verl_async_rm.outcomes import Failed, Scored
 
 pytestmark = pytest.mark.quick
 

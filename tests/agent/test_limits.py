@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_async_rm.items import RewardItem
 from verl_async_rm.limits import LeakyBucket, approx_tokens, rate_bound, strict_bucket
-from verl_async_rm.outcome import RewardItem
 
 pytestmark = pytest.mark.quick
 

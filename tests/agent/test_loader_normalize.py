@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import REWARDS
+from verl_async_rm.errors import RewardFunctionError
 from verl_async_rm.loader import load_reward, wrap_reward
-from verl_async_rm.normalize import normalize_group_scores, normalize_score
-from verl_async_rm.outcome import RewardFunctionError
+from verl_async_rm.reward_returns import normalize_group_scores, normalize_score
 
 pytestmark = pytest.mark.quick
 EXAMPLES = str(REWARDS / "examples.py")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import REWARDS
+from verl_async_rm.errors import RewardFunctionError
 from verl_async_rm.loader import RewardSpec, check_spec, load_module, load_reward
-from verl_async_rm.outcome import RewardFunctionError
 from verl_async_rm.user_rewards import llm_judge
 
 pytestmark = pytest.mark.quick

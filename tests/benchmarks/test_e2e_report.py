@@ -1,5 +1,5 @@
 """bench/e2e.py: the run plan, the regimes, the tables and goals (paired within a seed, two bounds),
-the cache and the README's quotes, on synthetic records; and its --quick smoke on the real trainer."""
+the cache and the results page's quotes, on synthetic records; and its --quick smoke on the real trainer."""
 
 from __future__ import annotations
 
@@ -509,48 +509,21 @@ def test_bad_arguments_are_refused(tmp_path):
             e2e.main([*argv, "--out", str(tmp_path / "x.json"), "--dry-run"])
 
 
-# ---------------------------------------------------------------------------------------------- README
+# ---------------------------------------------------------------------------------------------- results page
 
 @pytest.mark.quick
-def test_readme_quotes_the_committed_result_tables():
-    from bench.readme_tables import tables
+def test_the_results_page_quotes_every_committed_result_table():
+    from bench.result_tables import tables
+    from bench.results_page import PAGE
 
-    readme = (ROOT / "README.md").read_text()
+    page = PAGE.read_text()
     for name, text in tables().items():
-        assert text in readme, f"README's {name} table is not the committed JSON's: run python bench/readme_tables.py --write-readme"
-
-
-@pytest.mark.quick
-def test_write_readme_replaces_only_the_e2e_block(tmp_path):
-    from bench.readme_tables import E2E_BEGIN, E2E_END, write_readme
-
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{E2E_BEGIN}\nold table\n{E2E_END}\nafter\n")
-    write_readme("| new |\n", readme)
-    assert readme.read_text() == f"intro\n{E2E_BEGIN}\n| new |\n{E2E_END}\nafter\n"
-    readme.write_text("no block")
-    with pytest.raises(SystemExit):
-        write_readme("| new |\n", readme)
-
-
-@pytest.mark.quick
-def test_each_focused_rerun_has_its_own_readme_block(tmp_path):
-    from bench.readme_tables import E2E_FOCUSED, focused_markers, write_readme
-
-    names = list(E2E_FOCUSED)
-    blocks = [focused_markers(name) for name in names]
-    readme = tmp_path / "README.md"
-    readme.write_text("".join(f"{begin}\nold {name}\n{end}\n" for name, (begin, end) in zip(names, blocks)))
-    begin, end = blocks[-1]
-    write_readme("| new |\n", readme, begin=begin, end=end)
-    text = readme.read_text()
-    assert f"{begin}\n| new |\n{end}" in text and f"old {names[0]}" in text and f"old {names[-1]}" not in text
-    assert focused_markers("tail_1x")[0] in (ROOT / "README.md").read_text()  # the committed block's marker
+        assert text in page, f"docs/results.md's {name} table is not the committed JSON's: run python bench/results_page.py --write"
 
 
 @pytest.mark.quick
 def test_timeline_lanes_come_from_one_seed_of_the_headline_trainer():
-    from bench.readme_tables import timeline_runs
+    from bench.result_tables import timeline_runs
 
     def full(r):
         return r | {"phases": {"gen": [0.1] * 4}, "blocked": [], "scores": [0.3] * 4}

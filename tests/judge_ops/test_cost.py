@@ -23,10 +23,10 @@ from hypothesis import given, settings, strategies as st
 from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.cost import CostLedger, Prices, Usage, chunk_usage, usage_from, usage_metrics, with_usage
-from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
-from verl_async_rm.outcome import BudgetExceeded
+from verl_async_rm.errors import BudgetExceeded
 from verl_async_rm.user_rewards.llm_judge import JudgeReward
 from verl_async_rm.verdict_log import read_log
+from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
 
 
@@ -337,8 +337,8 @@ def test_a_budget_without_an_estimate_of_what_the_reward_sends_is_refused_at_sta
     # The shipped judges estimate their whole prompt: the class, the function, the group judge.
     from verl_async_rm.engine.group_judge import GroupRequest
     from verl_async_rm.engine.spend import budget_estimator
+    from verl_async_rm.items import RewardItem
     from verl_async_rm.loader import wrap_reward
-    from verl_async_rm.outcome import RewardItem
     from verl_async_rm.user_rewards import llm_judge
     from verl_async_rm.user_rewards.group_judge import GroupJudgeReward, build_group_messages
 

@@ -24,8 +24,8 @@ import pytest
 
 from verl_async_rm.agent import AsyncRewardAgent, RewardAgent
 from verl_async_rm.cli import main
+from verl_async_rm.errors import RewardError, TicketCancelled
 from verl_async_rm.loader import load_reward
-from verl_async_rm.outcome import RewardError, TicketCancelled
 from verl_async_rm.score_file import score_file
 from verl_async_rm.verdict_log import RewardChanged, VerdictWriter, read_log
 from verl_async_rm.verdict_report import summarize

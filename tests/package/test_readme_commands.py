@@ -1,6 +1,6 @@
-"""The README's training commands, as written: each composes on its entry point, passes the
-start-time checks (the judge class is built), and the judge command's reward then scores through a
-real judge server (only its ``base_url`` replaced by the test server's)."""
+"""The training commands the README and the guide show, as written: each composes on its entry point,
+passes the start-time checks (the judge class is built), and the README's judge command's reward then
+scores through a real judge server (only its ``base_url`` replaced by the test server's)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from hydra import compose, initialize_config_module
 from tests.conftest import ROOT
 
 FENCE = re.compile(r"```bash\n(.*?)```", re.S)
+# The pages that show training commands, in reading order: the README's quick start, then the guide's.
+PAGES = (ROOT / "README.md", ROOT / "docs" / "guide" / "verl.md", ROOT / "docs" / "guide" / "strategies.md")
 
 
-def readme_commands(module: str) -> list[list[str]]:
-    """Every README command line that runs ``python -m <module>``, as its hydra overrides."""
+def readme_commands(module: str, pages=PAGES) -> list[list[str]]:
+    """Every command line of these pages that runs ``python -m <module>``, as its hydra overrides."""
     commands = []
-    for block in FENCE.findall((ROOT / "README.md").read_text()):
+    for block in (block for page in pages for block in FENCE.findall(page.read_text())):
         text = block.replace("\\\n", " ")
         for line in text.splitlines():
             words = shlex.split(line, comments=True)
@@ -32,8 +34,8 @@ def readme_commands(module: str) -> list[list[str]]:
 
 
 @pytest.mark.local
-def test_the_readme_shows_both_entry_points():
-    assert len(readme_commands("verl.trainer.main_ppo")) == 1
+def test_the_readme_shows_verls_entry_point_and_the_guide_ours():
+    assert len(readme_commands("verl.trainer.main_ppo", [ROOT / "README.md"])) == 1
     assert len(readme_commands("verl_async_rm.main_ppo")) == 3  # the async_agent manager, the strategies, mask
 
 
@@ -45,7 +47,7 @@ def test_stock_entry_point_command_runs_as_written(tmp_path, monkeypatch):
     from verl_async_rm.integration.settings import settings_from_verl_config
     from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
-    (overrides,) = readme_commands("verl.trainer.main_ppo")
+    (overrides,) = readme_commands("verl.trainer.main_ppo", [ROOT / "README.md"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUDGE_", "OPENAI_"))}  # as written, no env
     env["PYTHONPATH"] = str(ROOT)
     result = subprocess.run([sys.executable, "-m", "tests.helpers.stock_main_probe", json.dumps([overrides])],

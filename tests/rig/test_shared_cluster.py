@@ -182,7 +182,7 @@ time.sleep(600)
 @pytest.mark.local
 def test_the_cluster_ends_when_the_process_that_started_it_is_killed():
     # The holder reads its stdin until EOF: a parent killed with SIGKILL (no clean-up code runs) closes
-    # the pipe, and the holder shuts the cluster down (README, "What was cut": Ray's daemons).
+    # the pipe, and the holder shuts the cluster down (docs/cpu-backend.md: Ray's daemons).
     import signal
     import subprocess
     import sys

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.engine.ledger import SettledGroup
+from verl_async_rm.failure_policy import Mask, failure_policy, resolve_group
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.masking import (
     MASKABLE_ESTIMATORS,
@@ -19,8 +20,7 @@ from verl_async_rm.masking import (
     check_masking,
     decide,
 )
-from verl_async_rm.outcome import Failed, Scored
-from verl_async_rm.policy import Mask, failure_policy, resolve_group
+from verl_async_rm.outcomes import Failed, Scored
 
 pytestmark = pytest.mark.quick
 

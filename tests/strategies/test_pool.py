@@ -1,4 +1,4 @@
-"""The pool of scored groups (strategies/pool.py): every group trained once or dropped, never
+"""The pool of scored groups (strategies/staleness_pool.py): every group trained once or dropped, never
 staler than ``max_staleness``, oldest ready first, a straggler never holding a step that has enough
 ready groups; and the auto lookahead rule. Pure, Hypothesis, fast."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_async_rm.strategies.pool import (
+from verl_async_rm.strategies.staleness_pool import (
     GroupPool,
     auto_lookahead,
     auto_staleness_bound,

@@ -1,4 +1,4 @@
-"""The staleness pool in a trainer (strategies/pooled.py) against a real agent in this process, with
+"""The staleness pool in a trainer (strategies/pool_driver.py) against a real agent in this process, with
 open tickets fed sample by sample as a streaming agent-loop worker feeds them: a slow group is
 carried, the step takes the ready ones, staleness is counted per row, a resume leaves out exactly
 what was trained. The same driver runs on verl's v1 trainer in tests/strategies/test_strategies.py."""
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.strategies.test_seam_scheduler import N, rewards
-from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
+from verl_async_rm.strategies.pool_driver import PoolDriver, choose_lookahead, due_wait_hint
 from verl_async_rm.strategies.scheduler import GeneratedBatch
 
 pytestmark = pytest.mark.local

@@ -108,16 +108,16 @@ POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_rewa
                    "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0,fail:false}"])
 # The same pool with max_staleness=0, on_stale=drop and auto lookahead: a group not scored by its own
 # step is dropped whenever the step can be filled without it, so drops are the rule here, and the
-# supply batches that refill the pool (pool.py, "Supply") run in a real trainer. The auto rule wants
+# supply batches that refill the pool (staleness_pool.py, "Supply") run in a real trainer. The auto rule wants
 # more than one batch ahead for 0-6 s latencies; the supply takes no more than the staleness bound
 # can train in time (one batch ahead + 0; deeper supply: tests/strategies/test_pool.py).
 POOL_DROP = dict(flags=[*[f for f in POOL["flags"] if not f.startswith(("max_staleness", "off_policy_steps"))],
                         "off_policy_steps=auto", "max_staleness=0", "on_stale=drop"])
 # The waiting pool with auto lookahead: the supply keeps it as deep as the rule says within the
-# bound (1 ahead + 1, pool.supply_lookahead) and no group is dropped (pool.py, "Deadlines").
+# bound (1 ahead + 1, staleness_pool.supply_lookahead) and no group is dropped (staleness_pool.py, "Deadlines").
 POOL_WAIT_AUTO = dict(flags=[*[f for f in POOL["flags"] if not f.startswith("off_policy_steps")], "off_policy_steps=auto"])
 # Both bounds automatic: max_staleness=auto raises the bound after each step to ceil(ticket_deadline /
-# median step compute) (pool.auto_staleness_bound). The deadline counts from the ticket's opening (generation
+# median step compute) (staleness_pool.auto_staleness_bound). The deadline counts from the ticket's opening (generation
 # start; the first generation warms up for seconds), so 20 s outlasts every 0-6 s call.
 POOL_AUTO_BOUND = dict(flags=[*[f for f in POOL_WAIT_AUTO["flags"] if not f.startswith("max_staleness")], "max_staleness=auto",
                               "reward.async_agent.request_timeout=20", "reward.async_agent.ticket_deadline=20"])
@@ -512,7 +512,7 @@ def test_masked_failures_reach_the_update_with_no_loss_tokens_and_the_rest_with_
     assert values(result, "async_rm/masked_samples") == masked_per_step
     assert values(result, "async_rm/dropped_groups") == dropped_per_step
     assert failed_total > 0 and sum(masked_per_step) >= failed_total
-    # what the README says of verl's own data metrics: computed on the batch as generated, so a masked
+    # what docs/guide/strategies.md says of verl's own data metrics: computed on the batch as generated, so a masked
     # sample is no aborted one there and critic/score/* averages its stand-in score (neutral's)
     assert set(values(result, "response/aborted_ratio")) == {0.0}
     scores = [np.mean([row["score"] for row in rows]) for _, rows in sorted(dumped(directory).items())]

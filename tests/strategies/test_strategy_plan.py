@@ -93,7 +93,7 @@ def test_group_exact_estimators_read_only_their_group(estimator):
 @pytest.mark.parametrize("estimator", sorted(BATCH_STATISTIC - {"gae", "gdpo"}))
 def test_batch_statistic_estimators_do_read_other_groups(estimator):
     """The counterpart: these change a group's advantages when another group's rewards change, which
-    is why the README lists them as a difference under the pipeline."""
+    is why docs/guide/strategies.md lists them as a difference under the pipeline."""
     import numpy as np
     import torch
 

@@ -23,8 +23,8 @@ import functools
 from typing import Awaitable, Callable
 
 from verl_async_rm import process_worker
+from verl_async_rm.items import RewardItem
 from verl_async_rm.loader import UserReward
-from verl_async_rm.outcome import RewardItem
 from verl_async_rm.thread_bridge import ThreadBridge
 
 
@@ -43,8 +43,9 @@ class AsyncCalls:
     def replace_hung_thread(self, delta: int = 1) -> None:
         """A hung coroutine holds no thread."""
 
-    def statistics(self) -> dict:
-        return {}
+    def threads(self) -> int | None:
+        """Worker threads now (None: this executor has none)."""
+        return None
 
     async def aclose(self) -> None:
         return None
@@ -77,8 +78,8 @@ class ThreadCalls:
         """One more thread while a hung one is stuck (``delta=-1`` once it has returned after all)."""
         self.bridge.add_capacity(delta)
 
-    def statistics(self) -> dict:
-        return {"threads": self.bridge.threads if self.bridge is not None else 0}
+    def threads(self) -> int | None:
+        return self.bridge.threads if self.bridge is not None else 0
 
     async def aclose(self) -> None:
         if self.bridge is not None:
@@ -110,8 +111,8 @@ class ProcessCalls:
     def replace_hung_thread(self, delta: int = 1) -> None:
         """A cancelled process call is killed: nothing to replace here (pebble starts a new worker)."""
 
-    def statistics(self) -> dict:
-        return {}
+    def threads(self) -> int | None:
+        return None
 
     async def aclose(self) -> None:
         self.pool.stop()  # terminates workers, hung ones included

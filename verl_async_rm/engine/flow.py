@@ -37,7 +37,7 @@ pacer (CUBIC in absolute requests/s) overshoots at low rates, rejecting ~12% at 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 MIN_RATE = 0.01  # requests/s: a learned pace never goes below one request per 100 s
 RELIABLE_EVIDENCE = 10  # a measurement resting on this many answers is kept for the max filter
@@ -55,6 +55,15 @@ class FlowSettings:
     horizon_s: float = 60.0  # throttle events older than this are not used to measure (but the last one)
     release_factor: float = 8.0  # a pace this far above the measured rate without a throttle is dropped
     min_span_s: float = 0.5  # a rate is measured over at least this long
+
+
+@dataclass(frozen=True)
+class FlowStatistics:
+    paused_s: float  # until the pause ends (0.0: not paused)
+    window: int | None  # sends allowed in flight while recovering (None: only the cap)
+    pace_per_s: float | None  # the pace now, which probes above the rate (None: not paced)
+    service_rate_per_s: float | None  # the service's rate as last measured
+    throttle_events: int  # congestion events so far
 
 
 @dataclass
@@ -96,7 +105,7 @@ class FlowControl:
         self.throttles = 0  # throttled answers so far
         self.throttled_since: float | None = None  # first throttle since the last accepted answer
         self._rate_at = 0.0
-        self._epoch = 0  # a send carries the epoch it was sent in: later throttles of it are old news
+        self.epoch = 0  # a send carries the epoch it was sent in: later throttles of it are old news
         self._countable = 1  # answers to epochs below this are never measured (the first, and pre-backlog ones)
         self._quiet_events = 0  # consecutive events without an accepted answer between them
         self._next_send = float("-inf")
@@ -136,7 +145,10 @@ class FlowControl:
         if self.measured_rate is not None and self._factor(now) > self.settings.release_factor:
             self.measured_rate = None
 
-    def send_delay(self, now: float) -> float | None:
+    # -- admission: a meter (engine/meters.py) -------------------------------------------------
+    reserves = False
+
+    def wait(self, sample: object, now: float) -> float | None:
         """0.0: a request may be sent now; > 0: seconds until one may; None: wait for an answer."""
         if not self.settings.enabled:
             return 0.0
@@ -148,6 +160,10 @@ class FlowControl:
             return self._next_send - now
         return 0.0
 
+    def send_delay(self, now: float) -> float | None:
+        """``wait`` for any request."""
+        return self.wait(None, now)
+
     def throttled_for(self, now: float) -> float:
         """How long every answer has been a throttle (0.0 when the last answer was accepted)."""
         return 0.0 if self.throttled_since is None else now - self.throttled_since
@@ -155,25 +171,30 @@ class FlowControl:
     # -- events ---------------------------------------------------------------------------------
     def on_send(self, now: float) -> int:
         """A request leaves now; returns its epoch, to be passed back with its answer."""
+        self.take(None, now)
+        return self.epoch
+
+    def take(self, sample: object, now: float) -> None:
+        """A request leaves now (the meter's ``take``): it carries ``epoch``, passed back with its answer."""
         self.sending += 1
         if self.settings.enabled:
             if self._idle_since is not None:  # sending again: the curve resumes where it stood
                 self._rate_at += max(0.0, now - self._idle_since)
                 self._idle_since = None
-            rate = self.current_rate(now)
-            if rate is not None:
-                self._next_send = max(now, self._next_send) + 1.0 / rate
-            elif self.measured_rate is not None:
-                self.measured_rate = None  # released (see current_rate)
-            if self._epoch >= self._countable:  # never before the first throttle: the hot path stays lean
+            if self.measured_rate is not None:  # (asked only then: a call per request saved on the hot path)
+                rate = self.current_rate(now)
+                if rate is not None:
+                    self._next_send = max(now, self._next_send) + 1.0 / rate
+                else:
+                    self.measured_rate = None  # released (see current_rate)
+            if self.epoch >= self._countable:  # never before the first throttle: the hot path stays lean
                 self._record(self._sent, now, now)
-        return self._epoch
 
     def on_answer(
         self, now: float, epoch: int, *, sent_at: float | None = None, throttled: bool = False,
         retry_after: float | None = None,
     ) -> None:
-        """The answer to a request sent at ``sent_at`` in ``epoch`` (what ``on_send`` returned).
+        """The answer to a request sent at ``sent_at`` in ``epoch`` (``self.epoch`` when it was sent).
         Every answer that is not a 429/503 counts as accepted (errors and timeouts included: the
         service took the request)."""
         self.sending = max(0, self.sending - 1)
@@ -185,7 +206,7 @@ class FlowControl:
                 self._record(self._accepted, sent, now)
                 if self._spans and sent <= self._spans[-1].end:
                     self._count_late(sent, accepted=True)
-            if epoch < self._epoch:
+            if epoch < self.epoch:
                 return  # sent before the last event (the burst that ran into it): says nothing new
             self._quiet_events = 0
             self.throttled_since = None
@@ -207,7 +228,7 @@ class FlowControl:
         own = self.settings.default_pause * 2 ** min(self._quiet_events, 30)  # doubling per refused probe
         if retry_after is None or retry_after < 0:
             pause = own
-        elif retry_after < self.settings.default_pause and self._quiet_events and epoch >= self._epoch:
+        elif retry_after < self.settings.default_pause and self._quiet_events and epoch >= self.epoch:
             # Told to come back (almost) at once, did, and was refused again with nothing accepted
             # in between: such a header says nothing ("Retry-After: 0" made 334 requests in 10 s to
             # a service answering only 429; 8 without it). Floored at the pause a refusal without
@@ -217,13 +238,18 @@ class FlowControl:
         else:
             pause = retry_after
         self.paused_until = max(self.paused_until, now + min(pause, self.settings.max_pause))
-        if epoch < self._epoch:
+        if epoch < self.epoch:
             return  # sent before the last event: the same congestion, already handled
         self.events += 1
         self._quiet_events += 1
         self.window = 1  # after the pause: one probe
         self._measure(now, now if sent_at is None else sent_at)
-        self._epoch += 1
+        self.epoch += 1
+
+    def hold(self, until: float) -> None:
+        """Pause until ``until`` as if this agent had been throttled (another job sharing the
+        endpoint was: ``shared_limits.py``)."""
+        self.paused_until = max(self.paused_until, until)
 
     def on_abandoned(self) -> None:
         """A request given up before its answer (deadline, cancel): it teaches nothing."""
@@ -233,7 +259,7 @@ class FlowControl:
         """Everything queued has been sent: the agent asked for less than the service allows, so what
         was accepted until now says nothing about the service's rate. From ``now`` until the next
         send the pace curve stands still."""
-        self._countable = self._epoch + 1
+        self._countable = self.epoch + 1
         self._log.clear()
         self._accepted.clear()
         self._refused.clear()
@@ -337,14 +363,17 @@ class FlowControl:
     def _recent_span(self) -> float:
         return max(self.settings.min_span_s, 3.0 * self._latency)
 
+    def statistics(self, now: float) -> FlowStatistics:
+        return FlowStatistics(
+            paused_s=max(0.0, self.paused_until - now),
+            window=self.window,
+            pace_per_s=self.current_rate(now),
+            service_rate_per_s=self.measured_rate,
+            throttle_events=self.events,
+        )
+
     def snapshot(self, now: float) -> dict:
-        return {
-            "paused_s": max(0.0, self.paused_until - now),
-            "window": self.window,
-            "pace_per_s": self.current_rate(now),
-            "service_rate_per_s": self.measured_rate,
-            "throttle_events": self.events,
-        }
+        return asdict(self.statistics(now))
 
 
 def _between(times: deque[float], start: float, end: float) -> int:

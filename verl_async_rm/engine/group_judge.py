@@ -35,9 +35,11 @@ from typing import Any, Callable, Hashable
 
 from verl_async_rm.engine.executors import AsyncCalls, ThreadCalls
 from verl_async_rm.engine.pipeline import Sample
+from verl_async_rm.errors import RewardFunctionError
+from verl_async_rm.items import RewardItem, unsendable_text
 from verl_async_rm.loader import GROUP_METHOD, UserReward
-from verl_async_rm.normalize import normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored, unsendable_text
+from verl_async_rm.outcomes import Failed, Outcome, Scored
+from verl_async_rm.reward_returns import normalize_score
 
 
 class GroupRequest:

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping, Sequence
 
-from verl_async_rm.outcome import Outcome, ScoredChunk
+from verl_async_rm.outcomes import Outcome, ScoredChunk
 
 
 @dataclass(frozen=True)

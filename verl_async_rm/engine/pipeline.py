@@ -7,11 +7,10 @@ A sample is plain data while it waits; it is an *attempt* only while a call for 
       |                     '--retryable error--> waiting (a timer) --> queued
       '-- abandoned from any state by the engine (deadline, ticket cancel, close): no outcome here
 
-Admission is one pump over one FIFO queue: a sample starts when a concurrency slot is free and the
-flow control (pause, probe window, learned pace) and the configured rate buckets (requests and
-tokens per minute) all allow it; otherwise one timer (or the next freed slot) wakes the pump. So
-40,000 queued samples cost 40,000 small records, not 40,000 parked coroutines, and dropping them
-is O(1) each.
+Admission is one pump over one FIFO queue: a sample starts when every meter allows it (a
+concurrency slot, the flow control, the rate limits, the judge budget: ``meters.py``); otherwise
+one timer (or the next freed slot) wakes the pump. So 40,000 queued samples cost 40,000 small
+records, not 40,000 parked coroutines, and dropping them is O(1) each.
 
 An attempt is driven by what the executor started: a thread or process call's future reports back
 through its done callback (no task at all), a coroutine runs in one task. Timeouts need no timer
@@ -35,16 +34,19 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from verl_async_rm.cache import ResultCache, request_key
 from verl_async_rm.cost import USAGE_KEY, Usage, take_usage
 from verl_async_rm.engine.flow import FlowControl
+from verl_async_rm.engine.meters import ConcurrencyCap, Meter
 from verl_async_rm.engine.spend import Spending
-from verl_async_rm.limits import LeakyBucket
-from verl_async_rm.normalize import normalize_score
-from verl_async_rm.outcome import Failed, Outcome, RewardFunctionError, RewardItem, Scored, unsendable_text
+from verl_async_rm.errors import RewardFunctionError
+from verl_async_rm.items import RewardItem, unsendable_text
+from verl_async_rm.outcomes import Failed, Outcome, Scored
 from verl_async_rm.retry import RetryPolicy, classify
+from verl_async_rm.reward_returns import normalize_score
 
 _log = logging.getLogger(__name__)
 _PLAIN = (float, int, bool, dict, tuple, str, type(None))  # what a reward returns: never awaitable
@@ -90,8 +92,17 @@ class Sample:
         return Scored(score, extra, self.attempts + 1)
 
     def unsendable(self) -> str | None:
-        """Why this request cannot be sent at all (``outcome.unsendable_text``), or None."""
+        """Why this request cannot be sent at all (``items.unsendable_text``), or None."""
         return unsendable_text(self.item)
+
+
+@dataclass(frozen=True)
+class PipelineStatistics:
+    in_flight: int  # attempts holding a concurrency slot
+    peak_in_flight: int
+    queued: int  # waiting for admission
+    hung_now: int  # calls declared hung that have not returned yet
+    threads: int | None = None  # the thread executor's worker threads (None: another executor)
 
 
 class Attempt:
@@ -127,17 +138,20 @@ class RequestPipeline:
         on_systemic_failure: Callable[[str], None],
         max_hung_calls: int,
         max_throttled_s: float | None,
-        rpm: LeakyBucket | None = None,
-        tpm: LeakyBucket | None = None,
-        token_estimator: Callable[[RewardItem], float] | None = None,
+        meters: Sequence[Meter] = (),
         cache: ResultCache | None = None,
         spend: Spending | None = None,
-        on_budget_spent: Callable[[Sample], None] | None = None,
         answer_early: Callable[[list[Sample]], list[Sample]] | None = None,
     ):
+        """Admission asks the concurrency cap (``max_concurrency``: slots held until a call really
+        ends) and the flow control (its answers come from here) first, then ``meters``, in order."""
         self.loop = loop
         self.calls = calls
-        self.cap = max_concurrency
+        self.slots = ConcurrencyCap(max_concurrency)
+        self.meters: list[Meter] = [self.slots, flow, *meters]
+        self._waits = [meter.wait for meter in self.meters if not meter.reserves]
+        self._reservations = [meter.wait for meter in self.meters if meter.reserves]
+        self._takes = [meter.take for meter in self.meters]
         self.timeout = request_timeout
         # A call given up (timeout, cancel) that has not ended this much later is declared hung.
         self.hung_grace = max(request_timeout, 1.0) if request_timeout is not None else NO_TIMEOUT_GRACE
@@ -148,17 +162,14 @@ class RequestPipeline:
         self.on_systemic_failure = on_systemic_failure
         self.max_hung_calls = max_hung_calls
         self.max_throttled_s = max_throttled_s
-        self.rpm, self.tpm, self.token_estimator = rpm, tpm, token_estimator
         self.cache = cache
-        # Hooks of judge operations (cost.py, verdict_log.py): usage and budget per attempt; samples
-        # answered from the verdict log instead of being sent (a resumed run).
+        # Hooks of judge operations (cost.py, verdict_log.py): usage per attempt, and the budget's
+        # reservation released with it (the budget is a meter too); samples answered from the
+        # verdict log instead of being sent (a resumed run).
         self.spend = spend
         self.budgeted = spend is not None and spend.limited
-        self.on_budget_spent = on_budget_spent
         self.answer_early = answer_early
         self.queue: deque[Sample] = deque()
-        self.in_flight = 0  # attempts holding a slot
-        self.peak_in_flight = 0
         self.hung_now = 0  # declared hung and not returned yet
         self.tasks: dict[asyncio.Task, Attempt] = {}  # coroutine attempts (stuck ones too, until they end)
         self._timeouts: deque[tuple[float, Attempt]] = deque()  # (deadline, attempt), in start order
@@ -195,6 +206,15 @@ class RequestPipeline:
             sample.state = DONE
             self.loop.call_soon(self.on_outcome, sample, Failed("invalid", f"{sample.where()} was not sent: {problem}", 0))
         return sendable
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts holding a concurrency slot."""
+        return self.slots.in_flight
+
+    @property
+    def cap(self) -> int:
+        return self.slots.limit
 
     def abandon(self, sample: Sample) -> None:
         """The engine settles ``sample`` itself (deadline, cancel, close): stop whatever it is doing.
@@ -250,54 +270,42 @@ class RequestPipeline:
         if not queue:
             return
         now = self.loop.time()
-        flow, rpm, tpm = self.flow, self.rpm, self.tpm
+        waits, reservations, takes = self._waits, self._reservations, self._takes
         while queue:
             sample = queue[0]
             if sample.state != QUEUED:  # abandoned while queued
                 queue.popleft()
                 continue
-            if self.in_flight >= self.cap or self._closed:
-                return  # a finished call pumps again
-            delay = flow.send_delay(now)
-            if delay is None:
-                return  # the probe window is full: an answer pumps again
-            tokens = 0.0
-            if rpm is not None:
-                delay = max(delay, rpm.wait_time(now))
-            if tpm is not None:
-                if sample.tokens is None:
-                    try:
-                        sample.tokens = self.token_estimator(sample.item)  # checked (limits.checked_estimate)
-                    except Exception as exc:  # noqa: BLE001 - the user's estimator: refused, never sent
-                        self._refuse(sample, exc)
-                        continue
-                tokens = sample.tokens
-                delay = max(delay, tpm.wait_time(now, tokens))
-            if delay > 0:
-                self._wake_after(now, delay)
+            if self._closed:
                 return
-            if self.budgeted:
-                try:
-                    admitted = self.spend.admit(sample)
-                except Exception as exc:  # noqa: BLE001 - the user's (or the reward's) estimate: refused, never sent
-                    self._refuse(sample, exc)
-                    continue
-                if not admitted:
-                    if admitted is None:  # nothing in flight can free room: the budget is spent
-                        self.on_budget_spent(sample)
-                    return  # else a request in flight ending pumps again
+            delay = 0.0
+            try:
+                for wait in waits:
+                    until = wait(sample, now)
+                    if until is None:
+                        return  # not before an event: a finished call, an answer, a lease pumps again
+                    if until > delay:
+                        delay = until
+                if delay > 0:
+                    self._wake_after(now, delay)
+                    return
+                for wait in reservations:  # only for a sample that may start now
+                    if wait(sample, now) is None:
+                        return
+            except Exception as exc:  # noqa: BLE001 - the user's (or the reward's) token estimate: refused, never sent
+                self._refuse(sample, exc)
+                continue
             queue.popleft()
-            if rpm is not None:
-                rpm.take(now)
-            if tpm is not None:
-                tpm.take(now, tokens)
+            for take in takes:
+                take(sample, now)
             self._start(sample, now)
-        if self.in_flight == 0:
-            flow.on_backlog_cleared(now)
+        if self.slots.in_flight == 0:
+            self.flow.on_backlog_cleared(now)
 
     def _refuse(self, sample: Sample, error: BaseException) -> None:
-        """A sample whose token estimate is unusable fails as ``invalid`` without being sent (a
-        systematically bad estimator trips the failure budgets, loudly)."""
+        """A sample whose token estimate (a rate limit's, the budget's) is unusable fails as
+        ``invalid`` without being sent (a systematically bad estimator trips the failure budgets,
+        loudly)."""
         self.queue.popleft()
         self._finish(sample, Failed("invalid", f"{sample.where()} not sent: {type(error).__name__}: {error}", sample.attempts))
 
@@ -317,10 +325,7 @@ class RequestPipeline:
     # -- one attempt --------------------------------------------------------------------------------
     def _start(self, sample: Sample, now: float) -> None:
         sample.state = RUNNING
-        attempt = sample.attempt = Attempt(sample, self.flow.on_send(now), now)
-        self.in_flight += 1
-        if self.in_flight > self.peak_in_flight:
-            self.peak_in_flight = self.in_flight
+        attempt = sample.attempt = Attempt(sample, self.flow.epoch, now)  # its slot and its send: taken by the meters
         if self.timeout is not None:
             self._timeouts.append((now + self.timeout, attempt))
             if self._timeout_timer is None:
@@ -406,7 +411,7 @@ class RequestPipeline:
                 self._on_timeout(attempt)
             else:
                 break
-        if len(queue) > 2 * self.in_flight + 1024:  # finished ones behind a slow head: compact
+        if len(queue) > 2 * self.slots.in_flight + 1024:  # finished ones behind a slow head: compact
             self._timeouts = queue = deque(entry for entry in queue if not entry[1].finished)
         if queue:
             self._timeout_timer = self.loop.call_at(queue[0][0], self._expire_timeouts)
@@ -422,7 +427,7 @@ class RequestPipeline:
         queue = self._timeouts
         while queue and queue[0][1].finished:
             queue.popleft()
-        if len(queue) > 2 * self.in_flight + 1024:
+        if len(queue) > 2 * self.slots.in_flight + 1024:
             live = [entry for entry in queue if not entry[1].finished]
             queue.clear()
             queue.extend(live)
@@ -483,7 +488,7 @@ class RequestPipeline:
             # the FIFO of timeouts nor the sample's own reference back (a cycle the collector would
             # have to find) keeps the sample, or its ticket, alive.
             attempt.sample = None
-            self.in_flight -= 1
+            self.slots.in_flight -= 1  # its slot back (the cap is the pipeline's own meter)
             self.pump()
 
     def _attempt_ended(
@@ -625,11 +630,11 @@ class RequestPipeline:
         await self.calls.aclose()
         return stuck
 
-    def snapshot(self) -> dict:
-        return {
-            "in_flight": self.in_flight,
-            "peak_in_flight": self.peak_in_flight,
-            "queued": sum(1 for s in self.queue if s.state == QUEUED),
-            "hung_now": self.hung_now,
-            **self.calls.statistics(),
-        }
+    def statistics(self) -> PipelineStatistics:
+        return PipelineStatistics(
+            in_flight=self.slots.in_flight,
+            peak_in_flight=self.slots.peak,
+            queued=sum(1 for s in self.queue if s.state == QUEUED),
+            hung_now=self.hung_now,
+            threads=self.calls.threads(),
+        )

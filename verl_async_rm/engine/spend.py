@@ -7,7 +7,11 @@ knows. So a budget's input estimate comes from the caller's ``token_estimator``,
 reward's own ``estimate_input_tokens`` (``ESTIMATE_METHOD``: a method of a class reward, an attribute
 of a function reward; called like ``compute_score``, or with the group for a group judge), and a
 budget with neither is refused when the agent is built: the default ~4 characters a token of the
-response leaves the prompt out (a 60,000-token budget was charged 207,669 under 2,000 requests)."""
+response leaves the prompt out (a 60,000-token budget was charged 207,669 under 2,000 requests).
+
+With a budget, ``Spending`` is one of admission's meters (``engine/meters.py``): a request starts
+only once its reservation fits, and a reservation that can never fit (nothing in flight to free
+room) stops everything (``on_spent``)."""
 
 from __future__ import annotations
 
@@ -55,7 +59,12 @@ def budget_estimator(reward, token_estimator: Callable | None, config: AgentConf
 
 
 class Spending:
-    def __init__(self, config: AgentConfig, input_estimator: Callable[[Any], float] | None):
+    reserves = True  # a meter asked last, only for a request that may start now
+
+    def __init__(self, config: AgentConfig, input_estimator: Callable[[Any], float] | None,
+                 on_spent: Callable[[Any], None] | None = None):
+        """``on_spent(sample)``: the budget is spent (``sample``'s reservation can never fit)."""
+        self.on_spent = on_spent
         self.ledger = CostLedger(
             Prices.of(config.price_input_per_million, config.price_output_per_million),
             config.token_budget, config.money_budget,
@@ -67,23 +76,29 @@ class Spending:
 
     def reservation(self, sample) -> Usage:
         """Estimated once per sample (a head-of-line sample waiting for room is asked again and again).
-        Raises ``limits.EstimateRefused`` for an estimate that is not a finite number >= 0."""
+        Raises ``errors.EstimateRefused`` for an estimate that is not a finite number >= 0."""
         if sample.input_estimate is None:
             sample.input_estimate = math.ceil(self.estimate(sample.item))
         return Usage(sample.input_estimate, self.reserve_output)
 
-    def admit(self, sample) -> bool | None:
-        """Before sending ``sample``: True (reserved), False (wait for requests in flight), None
-        (the budget is spent)."""
-        reservation = self.reservation(sample)
-        admitted = self.ledger.admit(reservation)
-        if admitted:
-            sample.reservation = reservation
-        return admitted
+    def wait(self, sample, now: float) -> float | None:
+        """The meter: 0.0 when ``sample``'s reservation fits; None while requests in flight may free
+        room, or once the budget is spent (``on_spent`` stops everything)."""
+        room = self.ledger.room(self.reservation(sample))
+        if room:
+            return 0.0
+        if room is None:  # nothing in flight can free room
+            self.on_spent(sample)
+        return None
+
+    def take(self, sample, now: float) -> None:
+        """``sample`` is sent: its reservation is held until its attempt ends (``release``)."""
+        reservation = sample.reservation = self.reservation(sample)
+        self.ledger.reserve(reservation)
 
     def release(self, sample, reported: Usage | None, *, charge: bool = True) -> None:
         """The attempt of ``sample`` ended (``charge`` False: a throttle, which judges do not bill).
-        Idempotent: only the first call after ``admit`` counts. Without a budget nothing was reserved:
+        Idempotent: only the first call after ``take`` counts. Without a budget nothing was reserved:
         the usage is only recorded."""
         if not self.limited:
             if charge:

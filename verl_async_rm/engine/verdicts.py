@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from verl_async_rm.config import AgentConfig
@@ -15,7 +16,7 @@ from verl_async_rm.cost import INPUT_KEY, OUTPUT_KEY, Prices
 from verl_async_rm.engine.group_judge import GroupCall
 from verl_async_rm.engine.pipeline import DONE
 from verl_async_rm.loader import UserReward, source_file
-from verl_async_rm.outcome import Outcome, Scored
+from verl_async_rm.outcomes import Outcome, Scored
 from verl_async_rm.verdict_log import (
     VERSION, RewardIdentity, VerdictWriter, group_request_keys, load_resume_answers, request_key, reward_record,
     verdict_key, verdict_text,
@@ -29,6 +30,12 @@ def reward_identity(reward: UserReward, reward_version: str | None) -> RewardIde
         return RewardIdentity.of(reward.label, source_file(reward), reward_version, reward.kwargs)
     # an instance the caller built: its constructor kwargs are unknown, its attributes stand in
     return RewardIdentity.of(reward.label, source_file(reward), reward_version, {}, instance=reward.instance)
+
+
+@dataclass(frozen=True)
+class VerdictLogStatistics:
+    resumed: int  # samples answered from the log instead of being sent (a resumed run)
+    verdicts_logged: int  # records written to the log
 
 
 class VerdictBook:
@@ -100,6 +107,9 @@ class VerdictBook:
         self.resumed += 1
         sample.state = DONE  # never sent
         self.loop.call_soon(settle, sample, Scored(answer.score, dict(answer.extra), answer.attempts, cached=True))
+
+    def statistics(self) -> VerdictLogStatistics:
+        return VerdictLogStatistics(self.resumed, self.writer.written)
 
     def failed_writes(self) -> str | None:
         error = self.writer.error

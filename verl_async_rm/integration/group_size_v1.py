@@ -26,6 +26,7 @@ from tensordict import TensorDict
 
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
+from verl_async_rm.errors import RewardAgentStopped
 from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY, sessions_per_prompt
 from verl_async_rm.integration.settings import read_run_settings
 
@@ -58,7 +59,7 @@ class AgentLoopWorkerTQWithGroupSizes(AgentLoopWorkerTQ.__ray_actor_class__):
             return
         try:
             if self._client is None:
-                from verl_async_rm.integration.client import connect
+                from verl_async_rm.integration.agent_client import connect
 
                 # connect() waits for the actor (ray.get): off this loop, which runs every other session
                 self._client = await asyncio.to_thread(connect, self._agent_settings)
@@ -66,10 +67,6 @@ class AgentLoopWorkerTQWithGroupSizes(AgentLoopWorkerTQ.__ray_actor_class__):
         except Exception:  # noqa: BLE001 - the session's own error is the one verl must see
             _log.exception("async_agent: could not withdraw failed session %s of %s; its group waits for "
                            "reward.async_agent.group_timeout", kwargs.get("session_id"), kwargs.get("uid"))
-
-
-class RewardAgentStopped(RuntimeError):
-    """The agent stopped scoring for good: the run stops at its next dispatch of prompts."""
 
 
 class AgentLoopManagerTQWithGroupSizes(AgentLoopManagerTQ):
@@ -89,7 +86,7 @@ class AgentLoopManagerTQWithGroupSizes(AgentLoopManagerTQ):
         if self._agent_settings is None or self.reward_loop_worker_handles is None:
             return
         if self._client is None:
-            from verl_async_rm.integration.client import connect
+            from verl_async_rm.integration.agent_client import connect
 
             self._client = connect(self._agent_settings)
         stopped = self._client.metrics().get("stopped")

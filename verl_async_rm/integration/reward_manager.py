@@ -20,12 +20,12 @@ from omegaconf import DictConfig
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
-from verl_async_rm.integration.client import connect
-from verl_async_rm.integration.registries import register_where_loaded
+from verl_async_rm import verl_internals
+from verl_async_rm.integration.agent_client import connect
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
 from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY
+from verl_async_rm.integration.registries import register_where_loaded
 from verl_async_rm.integration.settings import read_run_settings
-from verl_async_rm import verl_internals
 from verl_async_rm.loader import check_spec
 
 NAME = "async_agent"

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 MAX_OFF_POLICY_STEPS = 4
-# max_staleness=auto: the bound in force before the first step is measured (it only grows: pool.py,
+# max_staleness=auto: the bound in force before the first step is measured (it only grows: staleness_pool.py,
 # "max_staleness: auto"); at step 1 no group is due under any bound >= 1.
 AUTO_STALENESS_START = 1
-ON_STALE = ("wait", "drop")  # = pool.ON_STALE (plan stays import-free)
+ON_STALE = ("wait", "drop")  # = staleness_pool.ON_STALE (plan stays import-free)
 MINI_BATCH_ORDERS = ("completion", "index")
 
 # Advantage estimators of verl 0.9.1 (trainer/ppo/core_algos.py), by what they read of the batch.
@@ -33,7 +33,7 @@ GROUP_EXACT = frozenset(
 )
 # A statistic over the batch they are given (masked_whiten of the advantages or returns, or GPG's
 # alpha = batch size / nonzero scores). Under the pipeline that batch is a mini-batch of whole
-# groups: allowed, and listed in the README's differences from stock verl.
+# groups: allowed, and listed in docs/guide/strategies.md's differences from stock verl.
 BATCH_STATISTIC = frozenset(
     {
         "gae",  # masked_whiten(advantages)
@@ -60,19 +60,19 @@ class StrategyConfig:
     # Score while generating: each sample goes to the agent as its rollout finishes (streaming.py);
     # false: the batch is submitted after generation ends (as before 0.x, for comparison).
     stream_rewards: bool = True
-    # The staleness pool (pool.py): None = off (a step trains on its own batch, waiting for all of it);
+    # The staleness pool (staleness_pool.py): None = off (a step trains on its own batch, waiting for all of it);
     # n = a group still waiting is carried into later steps, up to n of them, then on_stale decides.
     max_staleness: Optional[int] = None
     on_stale: str = "wait"  # "wait" for a due group, or "drop" it (counted)
     # off_policy_steps=auto: the lookahead is chosen each step from measured reward latency vs step
-    # compute (pooled.choose_lookahead); off_policy_steps then holds the first value (1) and the cap.
+    # compute (pool_driver.choose_lookahead); off_policy_steps then holds the first value (1) and the cap.
     auto_off_policy: bool = False
     # A batch whose rewards are all in when training starts has nothing to overlap: it is trained
     # whole, in one update call as verl does (the split costs a call per mini-batch for nothing).
     # true: split it all the same (the pipeline's own path under an instant reward, in tests).
     split_scored_batches: bool = False
     # max_staleness=auto: the bound is raised each step to ceil(ticket_deadline / median step compute)
-    # (pool.auto_staleness_bound), so a group may be carried as long as the agent may take to settle
+    # (staleness_pool.auto_staleness_bound), so a group may be carried as long as the agent may take to settle
     # it; max_staleness then holds the bound before the first measurement (AUTO_STALENESS_START).
     auto_staleness: bool = False
 

@@ -17,7 +17,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from verl_async_rm.cost import Prices, Usage, chunk_usage
-from verl_async_rm.integration.client import connect
+from verl_async_rm.integration.agent_client import connect
 from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
 from verl_async_rm.integration.settings import AsyncAgentSettings
 from verl_async_rm.strategies.timing import RewardTiming

@@ -34,9 +34,9 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
+from verl_async_rm import verl_internals
 from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
 from verl_async_rm.integration.group_sizes import sessions_per_prompt
-from verl_async_rm import verl_internals
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.masking import (
     ADVANTAGE_COLUMN,
@@ -52,13 +52,13 @@ from verl_async_rm.strategies.plan import (
     UpdateCall,
     plan_mini_batches,
 )
-from verl_async_rm.strategies.pool import auto_staleness_bound, short_of_supply, supply_lookahead
-from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
-from verl_async_rm.strategies.v1_scores_io import advantage_call_with_scores, fields_of, score_rows
-from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
-from verl_async_rm.strategies.pooled import PoolDriver, choose_lookahead, due_wait_hint
+from verl_async_rm.strategies.pool_driver import PoolDriver, choose_lookahead, due_wait_hint
 from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
+from verl_async_rm.strategies.rewards import BatchRewards, OpenStream, PendingRewards, ScoredRows
 from verl_async_rm.strategies.scheduler import GeneratedBatch, Lookahead, StepScheduler
+from verl_async_rm.strategies.staleness_pool import auto_staleness_bound, short_of_supply, supply_lookahead
+from verl_async_rm.strategies.streaming import PROMPT_KEY, TICKET_KEY, V1_MANAGER_CLASS, v1_index
+from verl_async_rm.strategies.v1_scores_io import advantage_call_with_scores, fields_of, score_rows
 from verl_async_rm.strategies.workers import (
     AsyncRewardActorRolloutRefWorker,
     AsyncRewardTrainingWorker,
@@ -216,7 +216,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._generated_for = 0  # the pool: the last step a batch was generated for
         self._measured: dict = {"latency": [], "compute": []}  # off_policy_steps=auto
         self._supply_depth = 0  # the pool with auto: batches of supply beyond this step's
-        self._due_wait_hinted = False  # the pool under on_stale=wait: pooled.due_wait_hint, printed once a run
+        self._due_wait_hinted = False  # the pool under on_stale=wait: pool_driver.due_wait_hint, printed once a run
         self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
@@ -379,12 +379,12 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._measured["compute"] = (self._measured["compute"] + [max(compute_s, 1e-3)])[-16:]
 
     def _auto_lookahead(self) -> dict:
-        """Rule (pooled.choose_lookahead): ceil(p90 group latency / median step compute), clamped to
+        """Rule (pool_driver.choose_lookahead): ceil(p90 group latency / median step compute), clamped to
         [0, 1] on v1 (verl's sync replay buffer prefetches one batch at most)."""
         if not self.strategy.auto_off_policy:
             return {}
         # v1's generation-ahead is clamped to 1; the pool's supply is not, but no deeper than the
-        # staleness bound lets its groups be trained in time (pool.py, "Supply")
+        # staleness bound lets its groups be trained in time (staleness_pool.py, "Supply")
         rule = choose_lookahead(self._measured["latency"], self._measured["compute"], max_steps=MAX_OFF_POLICY_STEPS)
         chosen = min(rule, 1)
         self._supply_depth = supply_lookahead(rule, chosen, self._staleness_bound())
@@ -397,14 +397,14 @@ class AsyncRewardTrainer(PPOTrainerSync):
             out["async_rm/supply_steps"] = float(self._supply_depth)
         return out
 
-    # -- the staleness pool (pooled.py) -----------------------------------------------------------
+    # -- the staleness pool (pool_driver.py) ------------------------------------------------------
     def _staleness_bound(self) -> int:
         """The bound in force (max_staleness=auto raises it as steps are measured)."""
         return self._pool.pool.max_staleness if self._pool is not None else self.strategy.max_staleness
 
     def _raise_auto_bound(self) -> None:
         """max_staleness=auto: carry a group as many steps as the ticket deadline may take to settle it
-        (pool.auto_staleness_bound), from the step computes measured so far."""
+        (staleness_pool.auto_staleness_bound), from the step computes measured so far."""
         before, deadline = self._pool.pool.max_staleness, self.rewards.settings.agent.ticket_deadline
         self._pool.pool.raise_bound(auto_staleness_bound(deadline, self._measured["compute"], before))
         if self._pool.pool.max_staleness != before:
@@ -430,7 +430,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                 self._generated_for += 1
                 generate(self._generated_for)
             # the pool as deep as the auto rule says (v1's one-batch clamp aside) and, under drop, as
-            # deep again after drops: a batch more, born at the latest step generated for (pool.py, "Supply")
+            # deep again after drops: a batch more, born at the latest step generated for (staleness_pool.py, "Supply")
             steps_left = self.total_training_steps - self.global_steps + 1
             supply_batches = 0
             supply_depth = max(self.lookahead.depth, self._supply_depth)

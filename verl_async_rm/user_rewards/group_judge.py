@@ -20,7 +20,7 @@ import re
 
 import openai
 
-from verl_async_rm.outcome import RewardFunctionError
+from verl_async_rm.errors import RewardFunctionError
 from verl_async_rm.user_rewards.llm_judge import MalformedJudgeReply, client_settings, prompt_token_bound
 
 SYSTEM_PROMPT = (

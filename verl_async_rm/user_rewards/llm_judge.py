@@ -24,7 +24,7 @@ import os
 import numpy as np
 import openai
 
-from verl_async_rm.retry import RetryableError
+from verl_async_rm.errors import RetryableError
 
 SYSTEM_PROMPT = (
     "You are a strict grader. Compare the final answer of the response with the reference answer. "

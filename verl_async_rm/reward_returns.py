@@ -11,7 +11,7 @@ import math
 import numbers
 from typing import Any, Callable
 
-from verl_async_rm.outcome import RewardFunctionError
+from verl_async_rm.errors import RewardFunctionError
 
 ACCEPTED = "a number, a bool, a dict with 'score', or a (score, prompt, explanation) tuple"
 

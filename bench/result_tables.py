@@ -1,10 +1,9 @@
-"""The README's result tables and the end-to-end timeline, from the committed JSON in bench/results/.
+"""The result tables and the end-to-end timeline, from the committed JSON in bench/results/.
 
-    python bench/readme_tables.py                 # print every table; redraw bench/results/e2e_timeline.png
-    python bench/readme_tables.py --write-readme  # the same, and replace the e2e blocks in README.md
+    python bench/result_tables.py    # print every table; redraw bench/results/e2e_timeline.png
 
-tests/benchmarks/test_e2e_report.py checks that the README quotes every table verbatim, so a regenerated result
-whose tables were not pasted (or written) fails the quick loop.
+docs/results.md quotes these tables (bench/results_page.py writes it, and its test holds it equal to what this
+module makes from the committed JSON today).
 """
 
 from __future__ import annotations
@@ -28,23 +27,12 @@ from verl_async_rm_rig.demo import ModeResult, draw_timeline  # noqa: E402
 from verl_async_rm_rig.demo import markdown_table as demo_markdown  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "README.md"
 E2E_TIMELINE = RESULTS / "e2e_timeline.png"
-# The e2e block of README.md lies between these two lines (both kept by --write-readme).
-E2E_BEGIN = "<!-- e2e tables: python bench/readme_tables.py --write-readme -->"
-E2E_END = "<!-- /e2e tables -->"
-# Focused reruns of one goal's cells (each command is in its JSON and the README), each with its own
-# README block: name -> the JSON; its block lies between "<!-- e2e NAME tables: ... -->" and
-# "<!-- /e2e NAME tables -->".
-E2E_FOCUSED = {"tail_1x": RESULTS / "e2e_tail_1x.json", "heavy_2.5x": RESULTS / "e2e_heavy.json",
-               "zero": RESULTS / "e2e_zero.json", "pairs": RESULTS / "e2e_pairs.json",
-               "pairs2": RESULTS / "e2e_pairs2.json"}
-# The goals over every run of one tree (bench/pool_e2e.py): its block is "<!-- e2e pooled tables: ... -->".
+# The goals of the earlier benchmark against verl's sync trainer, over every run of one tree (bench/pool_e2e.py):
+# e2e.json and the focused reruns of single cells it names (e2e_tail_1x.json, e2e_pairs.json, ...).
 E2E_POOLED = RESULTS / "e2e_pooled.json"
-
-
-def focused_markers(name: str) -> tuple[str, str]:
-    return f"<!-- e2e {name} tables: python bench/readme_tables.py --write-readme -->", f"<!-- /e2e {name} tables -->"
+# The benchmark against verl's own asynchronous trainer (bench/e2e.py --anchor): the timeline's source when present.
+E2E_ANCHOR = RESULTS / "e2e_anchor.json"
 
 
 TIMELINE_REGIMES = ("judge_real", "heavy_2.5x", "tail_2.5x", "tail_1x")  # the first present is drawn
@@ -58,14 +46,13 @@ def tables() -> dict[str, str]:
         "agent": agent_markdown(json.loads((RESULTS / "agent_throughput.json").read_text())),
         "backpressure": backpressure_markdown(json.loads((RESULTS / "backpressure.json").read_text())),
         "fault_suite": fault_markdown(json.loads((RESULTS / "fault_suite.json").read_text())),
-        **{f"e2e_{name}": e2e_markdown(e2e_report(path)) for name, path in E2E_FOCUSED.items() if path.exists()},
         **({"e2e_pooled": pooled_markdown(pooled_report(E2E_POOLED))} if E2E_POOLED.exists() else {}),
     }
 
 
 def pooled_report(path: Path) -> dict:
-    """The pooled goals, pooled again from the committed reports it names (so the README's block
-    always follows those reports, never a stale copy)."""
+    """The pooled goals, pooled again from the committed reports it names (so the page always follows
+    those reports, never a stale copy)."""
     names = [source["name"] for source in json.loads(path.read_text())["pooled_from"]]
     return pool({name: json.loads((path.parent / f"{name}.json").read_text()) for name in names})
 
@@ -108,35 +95,17 @@ def timeline_runs(report: dict) -> tuple[str, dict[str, ModeResult]]:
 
 
 def draw_e2e_timeline(path: Path = E2E_TIMELINE) -> str:
-    title, results = timeline_runs(json.loads((RESULTS / "e2e.json").read_text()))
+    source = E2E_ANCHOR if E2E_ANCHOR.exists() else RESULTS / "e2e.json"
+    title, results = timeline_runs(json.loads(source.read_text()))
     draw_timeline(results, path)
     return title
 
 
-def write_readme(e2e_table: str, readme: Path = README, begin: str = E2E_BEGIN, end: str = E2E_END) -> None:
-    text = readme.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{readme} has no e2e block ({begin!r} ... {end!r}); add the two lines first")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{begin}\n{e2e_table}{end}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write-readme", action="store_true", help="replace the e2e block of README.md")
-    args = parser.parse_args(argv)
-    all_tables = tables()
-    for name, text in all_tables.items():
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    for name, text in tables().items():
         print(f"<!-- {name} -->\n{text}")
     print(f"timeline ({draw_e2e_timeline()}): {E2E_TIMELINE.relative_to(ROOT)}")
-    if args.write_readme:
-        write_readme(all_tables["e2e"])
-        for name in [*E2E_FOCUSED, "pooled"]:
-            if f"e2e_{name}" in all_tables:
-                begin, end = focused_markers(name)
-                write_readme(all_tables[f"e2e_{name}"], begin=begin, end=end)
-        print("README.md: e2e blocks rewritten")
     return 0
 
 

@@ -1,5 +1,5 @@
 """The staleness pool in a trainer: generated batches' groups, harvested from the agent as they are
-scored, chosen per step by ``pool.GroupPool`` (the rules live there, pure). Trainer-agnostic: rows
+scored, chosen per step by ``staleness_pool.GroupPool`` (the rules live there, pure). Trainer-agnostic: rows
 are whatever the trainer's batches use (v1: TransferQueue keys).
 
 Checkpoints: the groups still in the pool are not saved; their batches are *regenerated* on resume.
@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional
 
-from verl_async_rm.strategies.pool import GroupPool, auto_lookahead
 from verl_async_rm.strategies.rewards import BatchRewards, ScoredRows
 from verl_async_rm.strategies.scheduler import GeneratedBatch
+from verl_async_rm.strategies.staleness_pool import GroupPool, auto_lookahead
 
 POLL_S = 0.02  # waiting for "any group": each open batch is asked in turn with this timeout
 
@@ -225,7 +225,7 @@ class PoolDriver:
 
 def choose_lookahead(latencies: list[float], compute_s: list[float], max_steps: int) -> int:
     """``off_policy_steps: auto``: p90 of the measured group latencies over the median step compute
-    (``pool.auto_lookahead``; 1 before anything is measured)."""
+    (``staleness_pool.auto_lookahead``; 1 before anything is measured)."""
     import numpy as np
 
     if not latencies or not compute_s:

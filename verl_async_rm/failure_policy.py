@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from verl_async_rm.engine.ledger import GroupResult, SettledGroup
-from verl_async_rm.outcome import Failed, RewardError, Scored
+from verl_async_rm.errors import RewardError
+from verl_async_rm.outcomes import Failed, Scored
 
 PolicyName = Literal["neutral", "fill", "raise", "mask"]
 POLICIES: tuple[str, ...] = ("neutral", "fill", "raise", "mask")
