@@ -453,6 +453,19 @@ MARKS = {"429": {"marker": "v", "color": "#d62728", "label": "429 (the judge's r
          "failed": {"marker": "x", "color": "#000000", "label": "failed call (HTTP 500, timeout, hang)"}}
 
 
+def timeline_marks(results: dict[str, ModeResult]) -> list[tuple[str, list[float], int]]:
+    """What :func:`draw_timeline` marks: per run and kind (``429``, ``failed``) with any, the times its
+    calls that did not answer ended and the run's row (rows bottom-up: the first run is drawn on top)."""
+    rows = len(results)
+    marks = []
+    for index, r in enumerate(results.values()):
+        for kind in MARKS:
+            ends = [t for t, k in r.judge_marks if k == kind]
+            if ends:
+                marks.append((kind, ends, rows - 1 - index))
+    return marks
+
+
 def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     """One lane per run: its steps split into phases (bars), under them the judge calls in flight (a
     filled curve, the same scale in every lane), so rewards overlapping generation and updates show,
@@ -491,11 +504,10 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
             base, scale = lane - 0.33, 0.26 / peak  # the band under the bars
             ax.fill_between(times, base, [base + c * scale for c in counts], step="post", color=flight_color,
                             alpha=0.6, linewidth=0)
-        for kind, style in MARKS.items():
-            ends = [t for t, k in r.judge_marks if k == kind]
-            if ends:  # the row under the band: where each call that did not answer ended
-                ax.scatter(ends, [lane - 0.42] * len(ends), s=14, marker=style["marker"], color=style["color"],
-                           linewidths=0.8, zorder=3)
+    for kind, ends, row in timeline_marks(results):  # the row under the band: where each call that did not answer ended
+        style = MARKS[kind]
+        ax.scatter(ends, [row - 0.42] * len(ends), s=14, marker=style["marker"], color=style["color"], linewidths=0.8,
+                   zorder=3)
     ax.set_ylim(-0.6, len(results) - 0.4)
     ax.set_yticks(range(len(results)), list(reversed(list(results))))
     ax.set_xlabel("training-loop time (s) from the start gate: each step drawn as generation / waiting on rewards / "
@@ -503,7 +515,7 @@ def draw_timeline(results: dict[str, ModeResult], path: Path) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*colors.values(), flight_color]]
     labels = ["generation (sync: with its rewards; colocate_async: waiting for finished groups)", "waiting on rewards",
               "actor updates", "other compute", f"judge calls in flight (band height = {peak})"]
-    marks = [kind for kind in MARKS if any(k == kind for r in results.values() for _, k in r.judge_marks)]
+    marks = [kind for kind in MARKS if any(k == kind for k, _, _ in timeline_marks(results))]
     handles += [plt.Line2D([], [], linestyle="", marker=MARKS[k]["marker"], color=MARKS[k]["color"]) for k in marks]
     labels += [MARKS[k]["label"] for k in marks]
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
@@ -668,8 +680,14 @@ def lane_definitions(lanes: list[Lane], compute_s: float, seed: int) -> dict:
             for lane in lanes}
 
 
+def command_line(args: list[str]) -> str:
+    """The command that ran the demo with ``args`` (its own, after ``demo``), as its JSON records it."""
+    return " ".join(["python -m verl_async_rm_rig demo", *args])
+
+
 def run_demo(out: Path, steps: int, seed: int, lanes: list[Lane], progress: bool, *, compute_s: float = COMPUTE_S,
-             decode_s: float = ANCHOR_DECODE_S, parallel_startups: Optional[int] = None, share_ray: bool = True) -> dict:
+             decode_s: float = ANCHOR_DECODE_S, parallel_startups: Optional[int] = None, share_ray: bool = True,
+             command: str = "") -> dict:
     # The model and data are built by the first run to reach its TaskRunner (assets.py): the runs
     # start at once instead of after ~7 s (~45 s on a cold disk cache) of imports here.
     assets = CPURunConfig(out_dir=str(out / "assets"), seed=seed, assets_dir=str(out / "assets"))
@@ -680,7 +698,7 @@ def run_demo(out: Path, steps: int, seed: int, lanes: list[Lane], progress: bool
     draw_timeline({name: r.timeline for name, r in runs.items()}, picture)
     regimes = sorted({lane.regime for lane in lanes}, key=list(REGIMES).index)
     return {
-        "command": " ".join(["python -m verl_async_rm_rig demo", *sys.argv[1:]]),
+        "command": command,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "steps": steps, "seed": seed, "trainer": TRAINER, "compute_s": compute_s, "decode_s_per_token": decode_s,
         "recommended": RECOMMENDED,
@@ -688,18 +706,24 @@ def run_demo(out: Path, steps: int, seed: int, lanes: list[Lane], progress: bool
         "lanes": lane_definitions(lanes, compute_s, seed),
         "table": table(runs),
         "pace_check": pace_check(runs, compute_s),
-        "runs": {name: {"step_times": r.timeline.step_times, "phases": r.timeline.phases, "blocked": r.timeline.blocked,
-                        "scores": r.timeline.scores,
-                        "judge_calls": [[round(a, 3), round(b, 3)] for a, b in r.timeline.judge_calls],
-                        "judge_marks": [[round(t, 3), kind] for t, kind in r.timeline.judge_marks],
-                        "wall": r.timeline.wall, "step_starts": [round(t, 3) for t in r.timeline.step_starts],
-                        **r.figures}
-                 for name, r in runs.items()},
+        "runs": run_records(runs),
         "wall_breakdown_s": {"assets_build": built["build_s"], "startup_groups": [[lane.name for lane in g] for g in groups]},
         "assets_built_by": "the demo" if built["pid"] == os.getpid() else "a run's TaskRunner",
         "ray_clusters": "shared" if share_ray else "per_run",
         "timeline": str(picture),
     }
+
+
+def run_records(runs: dict[str, LaneRun]) -> dict[str, dict]:
+    """The lanes' runs as demo.json records them: what :func:`results_from_report` draws again, and
+    each lane's figures."""
+    return {name: {"step_times": r.timeline.step_times, "phases": r.timeline.phases, "blocked": r.timeline.blocked,
+                   "scores": r.timeline.scores,
+                   "judge_calls": [[round(a, 3), round(b, 3)] for a, b in r.timeline.judge_calls],
+                   "judge_marks": [[round(t, 3), kind] for t, kind in r.timeline.judge_marks],
+                   "wall": r.timeline.wall, "step_starts": [round(t, 3) for t in r.timeline.step_starts],
+                   **r.figures}
+            for name, r in runs.items()}
 
 
 def results_from_report(report: dict) -> dict[str, ModeResult]:
@@ -742,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     parser.add_argument("--redraw", metavar="DEMO_JSON",
                         help="train nothing: draw timeline.png next to this demo.json from its data")
+    argv = list(sys.argv[1:] if argv is None else argv)  # `python -m verl_async_rm_rig demo` passes those after `demo`
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # fail now, not after minutes of training
         parser.error("the demo draws its timeline with matplotlib: pip install 'verl-async-rm[demo]'")
@@ -764,7 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     started = time.time()
     report = run_demo(out, args.steps, args.seed, lanes, not args.quiet, compute_s=args.compute, decode_s=args.decode_s,
-                      parallel_startups=args.parallel_startups, share_ray=args.ray_clusters == "shared")
+                      parallel_startups=args.parallel_startups, share_ray=args.ray_clusters == "shared",
+                      command=command_line(argv))
     report["wall_time_s"] = round(time.time() - started, 1)
     print()
     print_table(report["table"])

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from verl_async_rm_rig.demo import COLUMNS
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -33,6 +34,8 @@ def test_demo_runs_and_reports(tmp_path):
     assert (lanes["colocate_async"]["trainer_mode"], lanes["colocate_async"]["reward_manager"]) == ("colocate_async", "rate_limited")
     assert (lanes["sync"]["trainer_mode"], lanes["sync"]["reward_manager"]) == ("sync", "async_agent")
     assert lanes["recommended"]["mode"] == report["recommended"]
+    assert all({key for key, _, _ in COLUMNS} <= set(row) for row in report["table"])  # every column, every lane
+    assert report["command"] == f"python -m verl_async_rm_rig demo --steps 2 --quiet --out {tmp_path}"
     rows = {row["lane"]: row for row in report["table"]}
     for lane in LANES[1:]:  # behind judge_real: the judge's view of the loop, and what the updates trained on
         row, run_ = rows[lane], report["runs"][lane]

@@ -562,3 +562,127 @@ def test_sigterm_ends_the_demo_through_its_clean_up(monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as exc:
         demo.main(["--out", str(tmp_path)])
     assert exc.value.code == 128 + signal.SIGTERM
+
+
+# ---------------------------------------------------------------------------------------------- the demo's promises
+
+
+@pytest.mark.quick
+def test_every_lane_runs_its_contestants_overrides_and_the_recommended_lane_is_a_contestant():
+    """A lane is a contestant of contestants.py, not a look-alike: its overrides are the benchmark's
+    shape, its mode's and its reward manager's, in that order, and nothing else; the recommended lane
+    runs contestants.RECOMMENDED, one of the configurations the benchmark judges."""
+    import bench.e2e as e2e
+    from verl_async_rm_rig import contestants
+
+    assert contestants.RECOMMENDED in contestants.MODES and contestants.RECOMMENDED in e2e.CANDIDATES
+    assert demo.LANES["recommended"].mode == contestants.RECOMMENDED
+    for lane in demo.LANES.values():
+        regime = contestants.REGIMES[lane.regime]
+        settings = demo.lane_settings(lane, 1.5, 0)
+        assert settings["overrides"] == [*contestants.SHAPE, *contestants.MODES[lane.mode],
+                                         *contestants.reward_loop_overrides(regime, lane.mode, 1.5)], lane.name
+        assert settings["judge"] == regime.judge(1.5, 0)
+        assert settings["reward_manager"] == contestants.reward_manager(lane.mode)
+    # the recorded definitions say the same (demo.json's "lanes")
+    defined = demo.lane_definitions(list(demo.LANES.values()), 1.5, 0)
+    assert defined["recommended"]["mode"] == contestants.RECOMMENDED
+    assert defined["colocate_async"]["overrides"] == demo.lane_settings(demo.LANES["colocate_async"], 1.5, 0)["overrides"]
+
+
+@pytest.mark.quick
+def test_the_table_shows_every_column_for_every_lane(capsys):
+    runs = {name: _lane_run(name, judge=None if name == "zero_latency" else {"requests_per_trained_sample": 1.2, "throttled": 7},
+                            marks=[] if name == "zero_latency" else [(0.3, "429"), (0.5, "failed")],
+                            dumps={"failed_scored_zero": 2, "toy_final_true": 0.2})
+            for name in demo.DEFAULT_LANES}
+    rows = demo.table(runs)
+    keys = [key for key, _, _ in demo.COLUMNS]
+    assert all(set(keys) <= set(row) for row in rows)
+    demo.print_table(rows)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 + len(rows)
+    assert all(title in printed[0] for _, title, _ in demo.COLUMNS)
+    for line, row in zip(printed[1:], rows):
+        cells = [cell.strip() for cell in line.split(" | ")]
+        assert len(cells) == len(keys)
+        assert cells == ["-" if row[key] is None else str(row[key]) for key in keys]
+    by = {row["lane"]: row for row in rows}
+    assert (by["sync"]["judge_429s"], by["sync"]["judge_failed_calls"]) == (7, 1)
+    assert by["zero_latency"]["judge_429s"] is None  # no judge server behind the bound: "-", not 0
+    # the markdown table has as many cells in each row as in its header
+    text = demo.markdown_table(rows).splitlines()
+    assert len({line.count("|") for line in text}) == 1
+
+
+@pytest.mark.quick
+def test_the_timeline_marks_a_runs_429s_and_failed_calls_at_their_times():
+    """The drawing data, pure: demo.json's run records with a 429 and a failure (as the judge log gave
+    them) put each marker at the time its call ended, in its lane's row; a lane with none has none."""
+    records = {
+        "zero_latency": {"step_times": [1.0], "phases": {}, "blocked": [], "scores": [0.1]},
+        "sync": {"step_times": [1.0], "phases": {}, "blocked": [], "scores": [0.1],
+                 "judge_calls": [[0.1, 0.4], [0.2, 1.7]], "judge_marks": [[1.7, "failed"]]},
+        "colocate_async": {"step_times": [1.0], "phases": {}, "blocked": [], "scores": [0.1],
+                           "judge_calls": [[0.1, 0.25], [0.2, 0.9]], "judge_marks": [[0.25, "429"], [0.9, "failed"], [1.4, "429"]]},
+    }
+    marks = demo.timeline_marks(demo.results_from_report({"runs": records}))
+    # rows bottom-up: the first lane (the bound) on top, row 2
+    assert sorted(marks) == [("429", [0.25, 1.4], 0), ("failed", [0.9], 0), ("failed", [1.7], 1)]
+    assert demo.timeline_marks(demo.results_from_report({"runs": {"zero_latency": records["zero_latency"]}})) == []
+
+
+@pytest.mark.quick
+def test_the_judge_logs_429_and_failure_reach_the_timeline_at_their_times(tmp_path):
+    log = tmp_path / "judge_calls.jsonl"
+    log.write_text("\n".join(json.dumps(c) for c in [
+        {"start": 100.2, "end": 100.3, "outcome": "429"},
+        {"start": 100.3, "end": 101.1, "outcome": "ok"},
+        {"start": 100.5, "end": 102.75, "outcome": "500"},
+    ]) + "\n")
+    calls = demo.read_judge_log(log, loop_start=100.0)
+    timeline = demo.ModeResult("sync", [3.0], {}, [], [0.1], judge_calls=[(a, b) for a, b, _ in calls],
+                               judge_marks=demo.judge_marks(calls))
+    marks = {kind: [round(t, 3) for t in ends] for kind, ends, _ in demo.timeline_marks({"sync": timeline})}
+    assert marks == {"429": [0.3], "failed": [2.75]}
+
+
+@pytest.mark.quick
+def test_redraw_draws_a_saved_demo_json_with_its_marks(tmp_path, monkeypatch):
+    """What run_demo writes for its runs is what --redraw draws: steps, judge calls and marks survive the JSON."""
+    runs = {"sync": _lane_run("sync", marks=[(0.3, "429"), (1.25, "failed")]), "zero_latency": _lane_run("zero_latency")}
+    (tmp_path / "demo.json").write_text(json.dumps({"runs": demo.run_records(runs)}))
+    drawn = []
+    monkeypatch.setattr(demo, "draw_timeline", lambda results, path: drawn.append((results, path)))
+    assert demo.main(["--redraw", str(tmp_path / "demo.json")]) == 0
+    (results, path), = drawn
+    assert path == tmp_path / "timeline.png" and list(results) == ["sync", "zero_latency"]
+    assert results["sync"].judge_marks == [(0.3, "429"), (1.25, "failed")]
+    assert results["sync"].judge_calls == runs["sync"].timeline.judge_calls
+    assert results["sync"].step_starts == runs["sync"].timeline.step_starts
+    assert demo.timeline_marks(results) == demo.timeline_marks({n: r.timeline for n, r in runs.items()})
+
+
+@pytest.mark.quick
+def test_help_names_the_lanes_the_judge_and_the_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        demo.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for said in (*demo.DEFAULT_LANES, "judge_real", "colocate_async", "rate_limited", "async_agent", "429",
+                 "--steps", "--lanes", "--compute", "--redraw", "--out", "--quiet", "--parallel-startups"):
+        assert said in out, said
+
+
+@pytest.mark.quick
+def test_the_json_records_the_command_as_typed(tmp_path, monkeypatch):
+    """`python -m verl_async_rm_rig demo --steps 2` records that, not `... demo demo --steps 2`."""
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda *a, **kw: seen.update(kw) or (_ for _ in ()).throw(SystemExit(9)))
+    monkeypatch.setattr(demo.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(demo.sys, "argv", ["verl_async_rm_rig/__main__.py", "demo", "--steps", "2", "--out", str(tmp_path)])
+    from verl_async_rm_rig.__main__ import main as rig_main
+
+    with pytest.raises(SystemExit):
+        rig_main()
+    assert seen["command"] == f"python -m verl_async_rm_rig demo --steps 2 --out {tmp_path}"
