@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)  # `python -m verl_async_rm_rig demo` passes those after `demo`
     args = parser.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:  # fail now, not after minutes of training
-        parser.error("the demo draws its timeline with matplotlib: pip install 'verl-async-rm[demo]'")
+        parser.error("the demo draws its timeline with matplotlib, a dependency of the rig: pip install -e ./rig")
     if args.redraw:
         print(f"timeline: {redraw(Path(args.redraw))}")
         return 0
