@@ -50,7 +50,9 @@ def test_demo_runs_and_reports(tmp_path):
     # The measured loops never shared the cores: each began after the previous run had exited.
     walls = [report["runs"][lane]["wall"] for lane in LANES]
     assert all(w["startup_s"] > 0 and w["train_s"] >= w["loop_s"] > 0 for w in walls)
-    assert all(w["memory_per_run_at_gate_gib"] > 0.5 for w in walls)  # six verl processes and Ray's, each
+    # six verl processes and more, each (their RSS: the drop in the machine's available memory, also
+    # recorded, moves with whatever else the machine runs meanwhile)
+    assert all(w["rss_at_gate_mb"] > 500 and "memory_per_run_at_gate_gib" in w for w in walls)
     assert all(later["loop_started_at"] >= earlier["ended_at"] for earlier, later in zip(walls, walls[1:]))
     # The judge's calls during each loop were logged, placed on the loop's clock: none before it began.
     assert all(0 <= start <= end for lane in LANES for start, end in report["runs"][lane]["judge_calls"])
