@@ -79,7 +79,7 @@ import subprocess
 import sys
 import time
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
