@@ -121,10 +121,24 @@ def page() -> str:
                         ("verdict_log_overhead.json", "What the verdict log costs")):
         figures = _load(name)
         parts.append(_section(title, name, figures, _scalars(figures) if figures else ""))
+    replay = _load("replay.json")
+    if replay is not None:
+        parts.append(_section("Judge replay: a committed exact-match log re-judged with partial credit", "replay.json",
+                              {"command": replay["run"]["bench_command"]},
+                              _scalars(replay["agreement"]) + "\n![old vs new scores](../bench/results/replay.png)\n"))
     budget = _load("fault_suite_budget.json")
     if budget is not None:
         parts.append(_section("Fault: a budget near the limit under 2,000 concurrent requests", "fault_suite_budget.json",
                               budget, "".join(_scalars(run) + "\n" for run in budget["runs"])))
+    for name, title in (("suite_time.json", "The test suite's time"),
+                        ("suite_time_loaded.json", "The quick tier beside a running CI (a loaded machine)")):
+        figures = _load(name)
+        if figures is not None:
+            rows = [f"| {part} | {run['wall_s']} | {run['exit_code']} | {run['load_1min_at_start']} | {run['load_1min_at_end']} |"
+                    for part in ("quick", "ci") if part in figures
+                    for run in (figures[part]["runs"] if part == "quick" else [figures[part]])]
+            parts.append(_section(title, name, figures, "| run | wall s | exit code | load at start | load at end |\n"
+                                  "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"))
     for name, title in (("e2e.json", "Against verl's `sync` trainer (the earlier benchmark)"),
                         ("e2e_pooled.json", "Against verl's `sync` trainer, pooled over runs")):
         key = "e2e" if name == "e2e.json" else "e2e_pooled"
@@ -137,9 +151,12 @@ def readme_block() -> str:
     anchor = _load(ANCHOR.name)
     if anchor is None:
         return ""
-    return (f"{anchor_table(e2e_report(ANCHOR))}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds "
-            f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); every figure, interval and "
-            "goal: [docs/results.md](docs/results.md).\n")
+    missing = len(anchor.get("missing_runs") or [])
+    partial = f" ({missing} runs of the planned seeds still to run: a partial benchmark)" if missing else ""
+    return (f"{anchor_table(e2e_report(ANCHOR))}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds{partial} "
+            f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); \"—\": not measured there (stock `sync` "
+            "scores inside generation, so its whole wait is in its loop time; only `judge_real` has a judge that answers "
+            "429). Every figure, interval and goal: [docs/results.md](docs/results.md).\n")
 
 
 def suite_time_block() -> str:

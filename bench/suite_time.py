@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "suite_time.json"
-QUICK = [sys.executable, "-m", "pytest", "-m", "quick", "-q", "-p", "no:cacheprovider"]
+QUICK = [sys.executable, "-m", "pytest", "-m", "quick", "-q", "-rfE", "-p", "no:cacheprovider"]
 CI = ["bash", ".ci/run"]
 
 
@@ -31,8 +31,10 @@ def timed(command: list[str]) -> dict:
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     wall = time.perf_counter() - start
-    summary = next((line for line in reversed(run.stdout.splitlines()) if " in " in line and "=" in line), "")
-    return {"wall_s": round(wall, 1), "exit_code": run.returncode, "pytest_summary": summary.strip("= "),
+    summary = next((line for line in reversed(run.stdout.splitlines())
+                    if " in " in line and any(word in line for word in ("passed", "failed", "error"))), "")
+    failed = [line.split()[1] for line in run.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return {"wall_s": round(wall, 1), "exit_code": run.returncode, "pytest_summary": summary.strip("= "), "failed": failed,
             "load_1min_at_start": round(load_before, 2), "load_1min_at_end": round(os.getloadavg()[0], 2)}
 
 

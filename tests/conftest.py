@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,39 @@ def pytest_ignore_collect(collection_path, config):
             and collection_path.name.startswith("test_") and "mark.quick" not in collection_path.read_text():
         return True
     return None
+
+
+# What a quick test may not import: each costs seconds per process (verl ~7 s with torch), which the inner
+# loop must not pay. Checked as each test file is collected and as each quick test runs, so the test (or file)
+# that brings one in is named.
+HEAVY = ("verl", "torch", "ray")
+
+
+def _heavy_loaded() -> set[str]:
+    return {name for name in HEAVY if name in sys.modules}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if item.get_closest_marker("quick") is None:
+        return (yield)
+    before = _heavy_loaded()
+    result = yield
+    if brought := sorted(_heavy_loaded() - before):
+        raise AssertionError(f"a quick test imported {brought}: mark it local, or keep the import out of its path")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    quick_run = collector.config.option.markexpr.strip() == "quick"
+    before = _heavy_loaded() if quick_run and isinstance(collector, pytest.Module) else None
+    report = yield
+    if before is not None and (brought := sorted(_heavy_loaded() - before)):
+        report.outcome, report.longrepr = "failed", (
+            f"{collector.nodeid} imports {brought} when collected: the quick tier must not (import it inside "
+            "the tests that need it, and mark those local)")
+    return report
 
 
 # The inner loop (`pytest -m quick`) runs on QUICK_WORKERS processes (pytest-xdist) unless the

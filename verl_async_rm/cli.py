@@ -1,4 +1,5 @@
-"""Command line: ``verl-async-rm score ...`` (score a file of responses) and ``verl-async-rm log`` (read a verdict log)."""
+"""Command line: ``verl-async-rm score ...`` (score a file of responses), ``verl-async-rm log`` (read a verdict log) and
+``verl-async-rm replay`` (re-judge a verdict log with another reward, report the agreement)."""
 
 from __future__ import annotations
 
@@ -208,6 +209,101 @@ def cmd_log(args) -> int:
     return 0
 
 
+def _steps(text: str) -> frozenset[int]:
+    from verl_async_rm.replay import parse_steps
+
+    try:
+        return parse_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a share in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expects a share in (0, 1], got {value}")
+    return value
+
+
+def _check_replay_paths(args, replay_log: Path) -> None:
+    """As ``_check_outputs``: every path written checked before the first request, none the same as
+    another or as an input (the replay must never append to the log it reads)."""
+    named = {"--log": args.log, "--input": args.input, "--output": args.output, "--plot": args.plot,
+             "--verdict-log": replay_log}
+    seen: dict[str, str] = {}
+    for flag, path in named.items():
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ValueError(f"{flag} and {seen[real]} name the same file ({path}): name a different one")
+        seen[real] = flag
+    for flag in ("--output", "--plot", "--verdict-log"):
+        if named[flag] is not None:
+            check_writable(Path(named[flag]), flag)
+    if args.plot is not None:
+        from verl_async_rm.replay_plot import check_can_plot
+
+        check_can_plot()
+
+
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command as the report records it: ``--kwarg``/``--set`` values of secret-looking names
+    hidden and credentials cut out of URLs, as the verdict log shows a reward's kwargs."""
+    from verl_async_rm.verdict_log import shown
+
+    out, after_option = [], False
+    for arg in argv:
+        option, inline, value = arg.partition("=") if arg.startswith(("--kwarg=", "--set=")) else (None, "", arg)
+        if after_option or option is not None:
+            key, sep, raw = value.partition("=")
+            if sep:
+                value = f"{key}={shown({key: raw})[key]}"
+            arg = f"{option}={value}" if option is not None else value
+        out.append(arg)
+        after_option = arg in ("--kwarg", "--set")
+    return ["verl-async-rm", *out]
+
+
+def cmd_replay(args) -> int:
+    from verl_async_rm.replay import Selection, render_replay, replay, write_report
+
+    selection = Selection(args.steps, args.groups, args.sample_frac, args.seed)
+    if not Path(args.input).is_file():
+        raise ValueError(f"--input {args.input}: no such file")
+    replay_log = Path(args.verdict_log) if args.verdict_log else Path(f"{args.output}.verdicts.jsonl")
+    _check_replay_paths(args, replay_log)
+
+    def announce(selected) -> None:
+        print(f"replaying {len(selected.chosen)} samples in {selected.groups} groups of {args.log} "
+              f"(judged by {selected.old_reward_described})", file=sys.stderr, flush=True)
+
+    with _terminate_as_interrupt() as stop:
+        report = replay(Path(args.log), Path(args.input), args.reward_file, args.reward_name, replay_log,
+                        selection=selection, old_reward=args.old_reward, config=dict(args.set),
+                        reward_kwargs=dict(args.kwarg), response_key=args.response_key,
+                        ground_truth_key=args.ground_truth_key, progress=not args.quiet, on_selected=announce)
+        report["run"]["command"] = _shown_command(args.argv)
+        write_report(report, Path(args.output))
+        if args.plot is not None:
+            from verl_async_rm.replay_plot import plot_replay
+
+            plot_replay(report, Path(args.plot))
+        print(render_replay(report))
+        run = report["run"]
+        if run["interrupted"]:
+            print(("error: SIGTERM: " if stop.terminated else "error: ") + "interrupted: the report covers what was "
+                  f"judged; rerun the same command to complete it (every answer is kept in {replay_log})", file=sys.stderr)
+            return stop.exit_status
+    if run["error"] is not None:
+        print(f"error: re-judging stopped: {run['error']}; the report covers what was judged", file=sys.stderr)
+        return EXIT_SCORING_STOPPED
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,11 +337,36 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--json", action="store_true", help="print the summary as JSON")
     log.set_defaults(func=cmd_log)
 
+    replay = sub.add_parser("replay", help="re-judge what a verdict log judged with another reward; report the agreement")
+    replay.add_argument("--log", required=True, help="the verdict log of the run to replay")
+    replay.add_argument("--input", required=True,
+                        help="the JSONL file that run scored: a verdict record keeps only a hash of what it judged")
+    replay.add_argument("--reward-file", required=True, help="path of the Python file with the new reward")
+    replay.add_argument("--reward-name", default="compute_score", help="function or class in that file")
+    replay.add_argument("--kwarg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                        help="new reward kwarg (the value read as YAML), repeatable")
+    replay.add_argument("--set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                        help="agent setting: limits, budget, prices (the value read as YAML), repeatable")
+    replay.add_argument("--old-reward", help="the id of the reward to replay, when the log holds several")
+    replay.add_argument("--steps", type=_steps, help="only these steps (1-based, as `log` numbers them): 3-5,7")
+    replay.add_argument("--groups", type=_positive_int, help="a sample of N whole GRPO groups (uid within a step)")
+    replay.add_argument("--sample-frac", type=_share, help="a sample of this share of the groups")
+    replay.add_argument("--seed", type=int, default=0, help="seed of the group sample")
+    replay.add_argument("--response-key", default="solution_str", help="as `score --response-key`")
+    replay.add_argument("--ground-truth-key", default="ground_truth", help="as `score --ground-truth-key`")
+    replay.add_argument("--output", required=True, help="write the report here (JSON)")
+    replay.add_argument("--verdict-log", help="the new reward's verdict log, resumed if it exists "
+                                              "(default: <output>.verdicts.jsonl)")
+    replay.add_argument("--plot", help="draw old vs new scores here (PNG; needs matplotlib)")
+    replay.add_argument("--quiet", action="store_true", help="no progress bar")
+    replay.set_defaults(func=cmd_replay)
+
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the report says how it was made
     try:
         return args.func(args)
     except KeyboardInterrupt:

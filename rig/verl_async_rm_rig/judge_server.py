@@ -66,6 +66,7 @@ __all__ = [
     "REJECTED_OUTCOMES",
     "THROTTLE_OUTCOMES",
     "default_judge",
+    "partial_credit_judge",
     "extract_last_number",
     "group_prompt",
     "lognormal_latency",
@@ -155,6 +156,26 @@ def default_judge(messages: list[dict]) -> str:
         return "0"
     got, want = extract_last_number(resp.group(1)), extract_last_number(ref.group(1))
     return "1" if got is not None and want is not None and got == want else "0"
+
+
+def partial_credit_judge(messages: list[dict]) -> str:
+    """A deliberately different judge (for judge replay, ``verl-async-rm replay``): "1" for the right
+    number, "0.5" for one off by at most 2 (an arithmetic slip), else "0"; group prompts as
+    ``default_judge``. It agrees with it on what is right and disagrees on near misses."""
+    if group_prompt(messages) is not None:
+        return default_judge(messages)
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    text = _text_of(users[-1].get("content")) if users else ""
+    resp = _RESPONSE.search(text)
+    ref = _REFERENCE.search(text[: resp.start()] + text[resp.end():]) if resp else None
+    got = extract_last_number(resp.group(1)) if resp else None
+    want = extract_last_number(ref.group(1)) if ref else None
+    if got is None or want is None:
+        return "0"
+    return "1" if got == want else ("0.5" if abs(got - want) <= 2 else "0")
+
+
+JUDGES = {"exact": default_judge, "partial": partial_credit_judge}  # the command line's --judge
 
 
 # --------------------------------------------------------------------------- config
@@ -933,6 +954,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--storm-retry-after", type=float, default=1.0, help="Retry-After seconds during a storm")
     p.add_argument("--error-body-bytes", type=int, default=0, help="body size of injected 500s (0 = small)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--judge", choices=sorted(JUDGES), default="exact",
+                   help="exact: 1 if the response's last number is the reference's, else 0; partial: also 0.5 when off by <= 2")
     a = p.parse_args(argv)
     try:
         cfg = JudgeServerConfig(
@@ -959,6 +982,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             storm_retry_after_s=a.storm_retry_after,
             error_body_bytes=a.error_body_bytes,
             seed=a.seed,
+            judge=JUDGES[a.judge],
         )
     except ValueError as e:
         p.error(str(e))

@@ -80,7 +80,12 @@ def test_results_arriving_together_share_one_wake_up():
             bridge.run(lambda i: release.wait() and i, i, Token(i))
         await until(lambda: bridge.threads == 8 and all(bridge._in_call_since))  # all 8 blocked in their calls
         release.set()
-        time.sleep(0.3)  # blocks the loop: all 8 results arrive before it can drain any
+        # Block the loop until all 8 results have arrived (counted, not timed: on a loaded machine the
+        # threads may take a while to run), so none can be drained before the last one is in.
+        deadline = time.monotonic() + 60
+        while len(bridge._finished) < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(bridge._finished) == 8
         await until(lambda: len(ends) == 8)
         return sorted(value for _, _, value in ends)
 

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.quick
 OWN = {"verl_async_rm", "verl_async_rm_rig", "tests", "bench", "hydra_plugins"}
 # What each part of the repository may import: (distribution, its extras installed where it runs). The
 # rig's requirements include the product's (it depends on it).
-SCOPES = {
+SCOPES = {  # the first prefix that matches wins: the specific ones first
+    "verl_async_rm/replay_plot.py": ("product", ("plot",)),  # `replay --plot`, imported only then
     "verl_async_rm": ("product", ()),
     "hydra_plugins": ("product", ()),
     "rig": ("rig", ()),

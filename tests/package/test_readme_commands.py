@@ -74,7 +74,7 @@ def test_stock_entry_point_command_runs_as_written(tmp_path, monkeypatch):
     assert chunk.scores == [1.0, 0.0] and chunk.extra_info["reward_failed"] == [0, 0]
 
 
-@pytest.mark.quick
+@pytest.mark.local
 def test_our_entry_point_commands_compose_and_pass_the_start_checks():
     from verl_async_rm.main_ppo import CONFIG_NAME, accept_recipe_spellings
     from tests.helpers.harness import prepared

@@ -103,7 +103,7 @@ def test_the_modules_a_router_process_loads_import_nothing_heavy(module):
     assert out.strip() == "[]"
 
 
-@pytest.mark.quick
+@pytest.mark.local
 def test_the_server_actor_forwards_every_public_method_of_the_server():
     from verl_async_rm_rig.cpu_backend.server import HFCPUServer
     from verl_async_rm_rig.cpu_backend.server_actor import METHODS, HFCPUServerActor

@@ -26,6 +26,7 @@ from verl_async_rm_rig.judge_server import (
     JudgeServerConfig,
     default_judge,
     extract_last_number,
+    partial_credit_judge,
     lognormal_latency,
     max_requests_in_window,
 )
@@ -95,6 +96,16 @@ def root(server: JudgeServer) -> str:
 )
 def test_default_judge_rule(response, reference, want):
     assert default_judge(user(response, reference)) == want
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("response", "reference", "want"), [
+    ("The answer is 18.", "18", "1"), ("#### 20", "18", "0.5"), ("\\boxed{16}", "#### 18", "0.5"),
+    ("it is 21", "18", "0"), ("no number here", "18", "0"), ("18", "no number", "0"),
+])
+def test_partial_credit_judge_gives_half_to_a_near_miss(response, reference, want):
+    """judge replay's deliberately different judge (``--judge partial``)."""
+    assert partial_credit_judge(user(response, reference)) == want
 
 
 @pytest.mark.quick

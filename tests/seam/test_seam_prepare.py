@@ -43,7 +43,7 @@ def verls(*overrides):
     return with_values(_composed("verl.trainer.config", "ppo_trainer"), *overrides)
 
 
-@pytest.mark.quick
+@pytest.mark.local
 @pytest.mark.parametrize(
     "overrides, match",
     [
@@ -63,7 +63,7 @@ def test_prepare_refuses_what_would_not_run_as_verl(overrides, match):
         prepared(ours(*overrides))
 
 
-@pytest.mark.quick
+@pytest.mark.local
 @pytest.mark.parametrize("use_v1, expected", [(True, V1_CLASS), (False, V0_CLASS)])
 def test_the_per_sample_path_gets_its_group_sizes_from_the_agent_loop(use_v1, expected):
     """Strategies off, async_agent scoring inside the agent loop: the group-size stamping manager."""
@@ -79,7 +79,7 @@ def test_the_per_sample_path_gets_its_group_sizes_from_the_agent_loop(use_v1, ex
     assert not naive.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")  # verl's own config, untouched
 
 
-@pytest.mark.quick
+@pytest.mark.local
 @pytest.mark.parametrize("use_v1", [True, False])
 def test_a_strategy_run_starts_none_of_verls_reward_loop_workers(use_v1):
     """The agent scores every sample of a strategy run, so verl's reward-loop workers (8 by default,

@@ -35,7 +35,7 @@ def test_the_rig_refuses_a_verl_that_lacks_one_of_its_internals_by_name():
         rig_internals.check((("verl.utils.distributed", "nope", None, "a test"),), ())
 
 
-@pytest.mark.quick
+@pytest.mark.local
 def test_a_moved_or_changed_internal_is_reported_by_name():
     problems = verl_internals.missing((
         ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer._no_such_method", None, "a test"),
@@ -189,7 +189,7 @@ def test_a_run_refuses_to_start_on_a_verl_that_moved_an_internal_naming_each(mon
         verl_internals._problems.cache_clear()
 
 
-@pytest.mark.quick
+@pytest.mark.local
 def test_the_installed_verl_passes_the_start_check():
     verl_internals._problems.cache_clear()
     verl_internals.require_all("a run")  # the installed, supported verl: nothing missing

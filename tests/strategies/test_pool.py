@@ -31,19 +31,24 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
     awaited group, or a random one). ``supply``: the v1 trainer's rule, a batch more (born at the
     latest step generated for) while the pool is ``short_of_supply`` for ``supply_steps`` of
     lookahead (default: ``lookahead``; under on_stale=wait by whole batches, as the trainer asks).
-    ``lost``: the chance that a prompt's session failed in generation (its group never joins).
+    ``lost``: the chance that every session of a prompt failed in generation (it joins rowless: ready
+    at once, nothing to train, as verl's sampler counts it).
     ``raise_to``: step -> the bound raised to before that step (max_staleness=auto); ``rule``: the
     supply's depth recomputed each step as the trainer does, ``supply_lookahead(rule, lookahead,
     the bound in force)``. Each log entry records the bound its step ran under."""
     supply_steps = lookahead if supply_steps is None else supply_steps
     rng = random.Random(seed)
     pool = GroupPool(groups_per_step, max_staleness, on_stale)
-    generated, log, extra, born_of = 0, [], 0, {}
+    generated, log, extra, born_of, rowless = 0, [], 0, {}, set()
 
     def add(batch, born):
-        keys = [(batch, i) for i in range(groups_per_step) if not (lost and rng.random() < lost)]
-        pool.add(keys, born=born)
+        keys = [(batch, i) for i in range(groups_per_step)]
+        empty = [key for key in keys if lost and rng.random() < lost]
+        if len(empty) == len(keys):  # a batch with no row at all: verl's sampler raises (stock v1 too)
+            empty.pop(rng.randrange(len(empty)))
+        pool.add(keys, born=born, rowless=empty)
         born_of.update(dict.fromkeys(keys, born))
+        rowless.update(empty)
 
     for step in range(1, steps + 1):
         if raise_to and step in raise_to:
@@ -68,7 +73,7 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
         while True:
             choice = pool.select(step, steps)
             dropped += list(choice.drop)
-            if choice.starved:  # drops (or failed sessions) ate the supply: one batch more, for this step
+            if choice.starved:  # drops ate the supply: one batch more, for this step
                 extra += 1
                 add(steps + extra, step)
                 continue
@@ -79,7 +84,7 @@ def simulate(groups_per_step, steps, lookahead, max_staleness, on_stale, seed, r
             pending = pool.pending()
             pool.scored(choice.wait_for if choice.wait_for is not None else rng.choice(pending))
         log.append(dict(step=step, take=choice.take, dropped=dropped, waits=waits, bound_waits=bound_waits,
-                        ready_at_start=ready_at_start, bound=pool.max_staleness))
+                        ready_at_start=ready_at_start, bound=pool.max_staleness, rowless=rowless & set(choice.take)))
     return pool, log, extra, born_of
 
 
@@ -131,22 +136,26 @@ def test_supply_batches_under_drop_keep_every_promise(g, steps, k, s, seed, read
 
 @settings(max_examples=120, deadline=None)
 @given(g=st.integers(1, 5), steps=st.integers(1, 12), k=st.integers(0, 2), s=st.integers(0, 3),
-       rule=st.integers(0, 8), seed=st.integers(0, 10**6), ready=st.floats(0, 1), lost=st.sampled_from([0.0, 0.25]))
+       rule=st.integers(0, 8), seed=st.integers(0, 10**6), ready=st.floats(0, 1), lost=st.sampled_from([0.0, 0.25, 0.6]))
 def test_supply_batches_under_wait_drop_nothing_and_keep_every_promise(g, steps, k, s, rule, seed, ready, lost):
     """on_stale=wait with the supply rule (the pool as deep as ``supply_lookahead`` lets, whole
-    batches), with or without failed sessions: every group trained once or still in the pool, never
-    staler than max_staleness, every step full, none dropped (but for a refill at max_staleness=0,
-    the one case the bound leaves no room for: pool.select)."""
+    batches), with or without prompts every session of which failed (rowless, counted as verl's
+    sampler counts them): every group trained once or still in the pool, never staler than
+    max_staleness, none dropped, not even at max_staleness=0, and no refill needed; every step
+    train_batch_size prompts with rows among them (one group more when the oldest would all be
+    rowless)."""
     depth = supply_lookahead(rule, k, s)
     pool, log, extra, born_of = simulate(g, steps, k, s, "wait", seed, ready, supply=True, supply_steps=depth, lost=lost)
     taken = [key for entry in log for key in entry["take"]]
     dropped = [key for entry in log for key in entry["dropped"]]
     assert len(taken) == len(set(taken)) and not set(taken) & set(dropped) and pool.dropped == len(dropped)
-    assert not dropped or (s == 0 and lost)
-    assert set(taken) | set(dropped) | set(pool.groups) == set(born_of)
+    assert not dropped
+    assert set(taken) | set(pool.groups) == set(born_of)
     for entry in log:
-        assert len(entry["take"]) == g
-        assert all(entry["step"] - born_of[key] <= s for key in entry["take"])
+        take, empty = entry["take"], entry["rowless"]
+        assert len(take) == g or (len(take) == g + 1 and set(take[:g]) <= empty and take[g] not in empty)
+        assert set(take) - empty  # something to train
+        assert all(entry["step"] - born_of[key] <= s for key in take)
 
 
 @settings(max_examples=120, deadline=None)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from verl_async_rm.strategies.kl import DeferredKL
 from verl_async_rm.strategies.plan import StrategyConfig, TrainerShape, plan_mini_batches, schedule_updates
 from verl_async_rm.integration.settings import settings_from_verl_config
-from verl_async_rm.strategies.rewards import BatchRewards
+from verl_async_rm.strategies.rewards import BatchRewards, ScoredRows
 from verl_async_rm.strategies.scheduler import Lookahead, MetricMerger, StepScheduler
 from tests.conftest import HELPERS
 
@@ -313,6 +313,30 @@ def test_irregular_groups_go_as_one_ticket_per_size_and_are_never_pipelined():
     assert all(score == int(row[1]) for row, score in zip(scored.rows, scored.scores))  # copies share the score
     with pytest.raises(ValueError, match="one group size"):
         agent.take(agent.submit(requests), 2)
+
+
+def test_a_pool_step_under_mask_counts_a_multi_output_session_as_one_sample():
+    """The staleness pool hands a step every score in hand (``scored``) and each row's sample
+    (``samples``): under failure_policy=mask a session with two outputs is one sample, so group "a"
+    (two sessions, one failed) keeps one usable sample, fewer than min_group_success=2, and all its
+    rows are masked; group "b" is untouched. (Each output counted as a sample of its own, "a" would
+    keep two usable ones and only the failed session's rows would be masked.)"""
+    agent = rewards(extra_keys=(), failure_policy="mask", min_group_success=2, max_failure_rate=1.0)
+    rows = [(g, s, o) for g in "ab" for s in range(2) for o in range(2)]
+    scored = ScoredRows.empty(agent.fixed_keys)
+    for row in rows:
+        failed = row[:2] == ("a", 1)
+        scored.extend(ScoredRows([row], [0.0 if failed else 1.0], {"acc": [not failed], "reward_failed": [int(failed)],
+                                                                  "reward_failure": ["judge" if failed else None]}, [row[0]]))
+    strategy = StrategyConfig(True, 0, "completion")
+    shape = TrainerShape(train_batch_size=2, ppo_mini_batch_size=2, rollout_n=2)
+    scheduler = StepScheduler(strategy, plan_mini_batches(strategy, shape), agent, use_critic=False,
+                              reduce_lists=lambda d: {k: sum(v) / len(v) for k, v in d.items()})
+    ops = FakeOps(rows, pipelineable=False)
+    metrics = scheduler.train(ops, None, None, update_actor=True, timing_raw={}, scored=scored,
+                              samples={row: row[:2] for row in rows})
+    assert [sorted(e[1]) for e in ops.events if e[0] == "mask"] == [[row for row in rows if row[0] == "a"]]
+    assert metrics["async_rm/masked_samples"] == 2 and metrics["async_rm/dropped_groups"] == 1
 
 
 class Controller:

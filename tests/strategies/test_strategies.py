@@ -121,7 +121,16 @@ POOL_WAIT_AUTO = dict(flags=[*[f for f in POOL["flags"] if not f.startswith("off
 # start; the first generation warms up for seconds), so 20 s outlasts every 0-6 s call.
 POOL_AUTO_BOUND = dict(flags=[*[f for f in POOL_WAIT_AUTO["flags"] if not f.startswith("max_staleness")], "max_staleness=auto",
                               "reward.async_agent.request_timeout=20", "reward.async_agent.ticket_deadline=20"])
-POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND}
+# The pool on every batch shape verl's v1 trainer trains on (issue 43): the multi-output loop (two
+# outputs per session, per-prompt __rollout_n__ of 2 or 4, one failing session in every fourth prompt)
+# on a data set where every session of another fourth of the prompts fails (verl's sampler keeps such
+# a prompt, with no rows); max_staleness=1, one batch ahead, 0-6 s latency per sample.
+POOL_SHAPES = dict(flags=[*POOL["flags"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"],
+                   multi_output=True, rowless=True)
+# The same batches submitted when generation ends (one ticket per group size) instead of scored while generating.
+POOL_SHAPES_SUBMITTED = dict(POOL_SHAPES, flags=[*POOL_SHAPES["flags"], "stream_rewards=false"])
+POOLS = {"pool": POOL, "pool_drop": POOL_DROP, "pool_wait_auto": POOL_WAIT_AUTO, "pool_auto_bound": POOL_AUTO_BOUND,
+         "pool_shapes": POOL_SHAPES, "pool_shapes_submitted": POOL_SHAPES_SUBMITTED}
 MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 SAVED = {"v0": (14, 16), "v1": (2, 4)}
 RESUME_FROM = {"v0": 14, "v1": 2}
@@ -132,7 +141,7 @@ def run_config(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides:
     extra = [f"critic.model.path={assets['cfg'].model_dir}"] if spec.get("critic") else []
     train_file = assets["cfg"].train_file
     if spec.get("multi_output"):
-        train_file = assets["multi_output_data"]
+        train_file = assets["multi_output_rowless_data" if spec.get("rowless") else "multi_output_data"]
         extra.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={assets['loops']}")
     validate = spec.get("validate", False)
     if validate and trainer == "v0":
@@ -210,8 +219,9 @@ def assets(tmp_path_factory):
     data = Path(cfg.out_dir) / "data"
     _, val15 = write_dataset(str(data / "val15"), n_val=15)  # 15 x val n=1 on 2 workers: verl pads one row
     multi = multi_output_loop.write_dataset(cfg.train_file, str(data / "multi_output.parquet"))
+    rowless = multi_output_loop.write_dataset(cfg.train_file, str(data / "multi_output_rowless.parquet"), rowless=True)
     loops = multi_output_loop.write_config(str(data / "loops.yaml"))
-    return {"cfg": cfg, "val15": val15, "multi_output_data": multi, "loops": loops}
+    return {"cfg": cfg, "val15": val15, "multi_output_data": multi, "multi_output_rowless_data": rowless, "loops": loops}
 
 
 @pytest.fixture(scope="module")
@@ -681,6 +691,48 @@ def test_the_auto_bound_grows_from_the_deadline_and_a_resume_keeps_it(tmp_path, 
     for rows in resumed.values():  # whole groups (which ones is timing's choice with a supply: exactness of
         groups = Counter(row["uid"].rsplit("_", 2)[0] for row in rows)  # a resume is the pool test's below)
         assert len(rows) == 32 and len(groups) == 8 and set(groups.values()) == {4}
+
+
+@pytest.fixture(scope="module", params=["pool_shapes", "pool_shapes_submitted"])
+def pool_shapes_run(request, tmp_path_factory, assets):
+    directory = tmp_path_factory.mktemp(f"v1_{request.param}")
+    return directory, train(directory, assets, "v1", request.param)
+
+
+def test_the_pool_trains_every_batch_shape_verl_does_each_group_once_and_whole(pool_shapes_run):
+    """Issue 43 (before: ValueError "needs groups of one size" at the first such batch, after full
+    start-up): groups of 2 and 4 sessions, some a failed session left short, two outputs per session,
+    prompts every session of which failed; scored while generating (one ticket sized per uid) and
+    submitted when generation ends (one ticket per group size). Each step trains 8 prompts as verl's sampler counts them
+    (those without rows among them, async_rm/pool_prompts_without_rows), each group whole (no session
+    missing but the failed one) and once, every output with its session's final output's reward;
+    nothing dropped, nothing staler than one batch ahead + max_staleness; after each step the pool
+    holds the batch ahead (8 prompts, counted alike), none after the last."""
+    directory, result = pool_shapes_run
+    steps = dumped(directory)
+    assert sorted(steps) == [1, 2, 3, 4]
+    rowless = values(result, "async_rm/pool_prompts_without_rows")
+    assert len(rowless) == 4 and sum(rowless) > 0, rowless
+    seen: set = set()
+    sizes: set = set()
+    for step, rows in steps.items():
+        groups = defaultdict(set)
+        for (uid, session), outputs in sessions(rows).items():
+            final = max(outputs, key=lambda o: o[0])[1]
+            assert sorted(o[0] for o in outputs) == [0, 1]  # two outputs per session
+            for _, row in outputs:
+                assert row["score"] == pytest.approx(score_text(final["output"], final["gts"]), abs=1e-5)
+            groups[uid].add(int(session))
+        for uid, present in groups.items():  # whole: no session missing but the one the loop fails
+            assert set(range(max(present) + 1)) - present <= {multi_output_loop.FAILING_SESSION}, (step, uid, present)
+        sizes |= {len(present) for present in groups.values()}
+        assert len(groups) + rowless[step - 1] == 8, (step, len(groups), rowless)
+        assert not seen & set(groups)
+        seen |= set(groups)
+    assert len(sizes) > 1, sizes  # groups of several sizes
+    assert values(result, "async_rm/pool_groups") == [8, 8, 8, 0]
+    assert values(result, "async_rm/groups_dropped_stale") == [0] * 4
+    assert max(values(result, "async_rm/staleness/max")) <= 2
 
 
 def test_resuming_the_pool_trains_every_prompt_exactly_once(tmp_path, pool_run, assets):

@@ -361,6 +361,24 @@ def test_the_auto_bound_reads_the_agents_ticket_deadline_from_verls_config():
 
 
 @pytest.mark.quick
+def test_verls_refill_of_prompts_whose_sessions_all_failed_is_refused_at_start_where_it_would_break_mid_run():
+    """verl's sync_refill_failed_groups draws replacement prompts inside its sampler, mid-step: the
+    step's open ticket (stream_rewards) never gets their sessions, and the pool counts and
+    regenerates the prompts of one draw. Read once from verl's config with the rest of the shape."""
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.integration.settings import read_run_settings
+
+    refill = {"trainer": {"v1": {"sampler": {"sync_refill_failed_groups": True}}}, "reward": {"async_agent": {}}}
+    for values in ({"max_staleness": 1}, {"max_staleness": 1, "stream_rewards": False}, {"off_policy_steps": 1}):
+        with pytest.raises(ValueError, match="sync_refill_failed_groups"):
+            read_run_settings(OmegaConf.create({**refill, **values}))
+    assert read_run_settings(OmegaConf.create({**refill, "off_policy_steps": 1, "stream_rewards": False})).shape.sync_refill_failed_groups
+    assert not read_run_settings(OmegaConf.create({"reward": {"async_agent": {}}, "max_staleness": 1})).shape.sync_refill_failed_groups
+    read_run_settings(OmegaConf.create(refill))  # the strategies off: verl's business
+
+
+@pytest.mark.quick
 def test_on_policy_correction_without_rollout_log_probs_stays_verls_business():
     check_strategy(strategy_from_mapping({"mini_batch_pipeline": True}), shape(rollout_correction=True, calculate_log_probs=False))
     check_strategy(strategy_from_mapping({"max_staleness": 1, "off_policy_steps": 1}),

@@ -159,6 +159,7 @@ class TrainerShape:
     critic_shuffle: bool = False  # call across its mini-batches (verl's default: off)
     world_size: int = 1  # trainer.n_gpus_per_node x trainer.nnodes
     ticket_deadline: Optional[float] = None  # reward.async_agent.ticket_deadline (s): max_staleness=auto's basis
+    sync_refill_failed_groups: bool = False  # trainer.v1.sampler.sync_refill_failed_groups: verl replaces rowless prompts
 
 
 def _select(config: Any, dotted: str, default: Any = None) -> Any:
@@ -208,6 +209,7 @@ def shape_from_config(config: Any, ticket_deadline: Optional[float] = None) -> T
         critic_shuffle=bool(_select(config, "critic.shuffle", False)),
         world_size=int(_select(config, "trainer.n_gpus_per_node", 1) or 1) * int(_select(config, "trainer.nnodes", 1) or 1),
         ticket_deadline=ticket_deadline,
+        sync_refill_failed_groups=bool(_select(config, "trainer.v1.sampler.sync_refill_failed_groups", False)),
     )
 
 
@@ -255,6 +257,14 @@ def check_strategy(strategy: StrategyConfig, shape: TrainerShape) -> None:
                 "max_staleness=auto carries a group as many steps as reward.async_agent.ticket_deadline may take to "
                 "settle it, and no ticket_deadline is set: set one (seconds), or give max_staleness an integer"
             )
+    if shape.use_v1 and shape.sync_refill_failed_groups and (strategy.pooled or strategy.stream_rewards):
+        raise ValueError(
+            "trainer.v1.sampler.sync_refill_failed_groups=true: verl's sampler then draws replacement prompts for those "
+            "whose every session failed while it samples the step's batch; their sessions never reach the step's "
+            "open ticket (stream_rewards), and the staleness pool (max_staleness) counts, and regenerates on resume, "
+            "the prompts of one draw. Leave it off (verl's default: such a prompt is kept with no rows, and a step "
+            "trains on the rest, as stock v1 does), or, without max_staleness, set stream_rewards=false"
+        )
     if shape.use_v1:
         if strategy.off_policy_steps > 1:
             raise ValueError(

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional
 
 from verl_async_rm.strategies.rewards import BatchRewards, ScoredRows
-from verl_async_rm.strategies.scheduler import GeneratedBatch
 from verl_async_rm.strategies.staleness_pool import GroupPool, auto_lookahead
+
+if TYPE_CHECKING:  # the scheduler imports verl; the driver runs without it (tests/strategies/test_pool_shapes.py)
+    from verl_async_rm.strategies.scheduler import GeneratedBatch
 
 POLL_S = 0.02  # waiting for "any group": each open batch is asked in turn with this timeout
 
@@ -32,6 +34,7 @@ class LiveBatch:
     scored: dict = field(default_factory=dict)  # group -> ScoredRows, harvested, not trained yet
     latencies_reported: int = 0  # of generated.rewards.group_latencies, handed to new_latencies() already
     finished: set = field(default_factory=set)  # prompt positions trained or dropped
+    requests_of: dict = field(default_factory=dict)  # group -> its requests (one per session; a request may score several rows)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class PooledStep:
     staleness_of_row: dict  # row -> staleness (trainer step - 1 - generating weights' step)
     dropped_rows: list
     metrics: dict
+    # row -> the sample (request) it belongs to: a session's outputs share one (v1 multi-output loops), so
+    # failure_policy=mask counts a group's usable samples by session, as on a step's own batch
+    sample_of_row: dict = field(default_factory=dict)
 
 
 def due_wait_hint(waited_due_s: float, step_compute_s: float, max_staleness: int) -> Optional[str]:
@@ -74,20 +80,25 @@ class PoolDriver:
         skip = self._skip.pop(self._ordinal, set())
         self._ordinal += 1
         pending = generated.rewards
-        rows_of_group: dict = {}
         for r, group in enumerate(pending.group_of):
-            rows_of_group.setdefault(group, []).extend(pending.rows_of[r])
-        keys = []
+            live.requests_of.setdefault(group, []).append(r)
+        keys, rowless = [], []
         for group, position in live.position_of.items():
-            if group not in rows_of_group:  # verl dropped the prompt (a failed session): nothing to train
+            if position in skip:
                 live.finished.add(position)
-            elif position in skip:
-                live.finished.add(position)
-                self.skipped_rows += rows_of_group.get(group, [])
-            else:
-                keys.append((live.ordinal, group))
-        self.pool.add(keys, born=born)
+                self.skipped_rows += self._rows(live, group)
+                continue
+            keys.append((live.ordinal, group))
+            if group not in live.requests_of:  # every session of the prompt failed: one of a step's prompts, no rows
+                rowless.append(keys[-1])
+        self.pool.add(keys, born=born, rowless=rowless)
         self.live.append(live)
+
+    @staticmethod
+    def _rows(live: LiveBatch, group) -> list:
+        """The group's rows, whatever its size and however many rows each of its requests scores."""
+        rows_of = live.generated.rewards.rows_of
+        return [row for r in live.requests_of.get(group, ()) for row in rows_of[r]]
 
     def _batch(self, ordinal: int) -> LiveBatch:
         return next(b for b in self.live if b.ordinal == ordinal)
@@ -152,20 +163,26 @@ class PoolDriver:
                 waited_due += time.monotonic() - began
         waited = time.monotonic() - start
         scored = ScoredRows.empty(self.rewards.fixed_keys)
-        rows, staleness_of_row, dropped_rows = [], {}, []
+        rows, staleness_of_row, dropped_rows, sample_of_row = [], {}, [], {}
+        rowless = 0
         for ordinal, group in take:
             live = self._batch(ordinal)
+            if group not in live.requests_of:  # a prompt every session of which failed: taken, nothing to train
+                live.finished.add(live.position_of[group])
+                rowless += 1
+                continue
             piece = live.scored.pop(group)
             scored.extend(piece)
             rows += piece.rows
             stale = step - 1 - live.generated.weights_step
             staleness_of_row.update({row: stale for row in piece.rows})
+            rows_of = live.generated.rewards.rows_of
+            sample_of_row.update({row: (ordinal, r) for r in live.requests_of[group] for row in rows_of[r]})
             live.finished.add(live.position_of[group])
         for ordinal, group in dropped:
             live = self._batch(ordinal)
             live.finished.add(live.position_of[group])
-            pending = live.generated.rewards
-            dropped_rows += [row for r, g in enumerate(pending.group_of) if g == group for row in pending.rows_of[r]]
+            dropped_rows += self._rows(live, group)
         self._retire()
         values = list(staleness_of_row.values()) or [0]
         metrics = {
@@ -176,8 +193,9 @@ class PoolDriver:
             "async_rm/pool_wait_s": waited,
             "async_rm/pool_wait_due_s": waited_due,
             "async_rm/pool_groups": len(self.pool.groups),
+            "async_rm/pool_prompts_without_rows": rowless,
         }
-        return PooledStep(rows, scored, staleness_of_row, dropped_rows, metrics)
+        return PooledStep(rows, scored, staleness_of_row, dropped_rows, metrics, sample_of_row)
 
     def _retire(self) -> None:
         """Batches with every group trained or dropped leave; a finished ticket is released."""

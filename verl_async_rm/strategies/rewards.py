@@ -2,9 +2,12 @@
 whole groups (all, a mini-batch's worth, or group by group) with a fixed set of extra-info keys.
 
 A request is one scored response; it may stand for several rows of the batch (v1: every output of a
-multi-output session gets the score of the session's final output, as verl does). The agent's
-tickets need every uid to have the same number of samples, so a batch with groups of several sizes
-(v1: failed sessions, per-prompt ``__rollout_n__``) is submitted as one ticket per size.
+multi-output session gets the score of the session's final output, as verl does). A submitted batch
+with groups of several sizes (v1: failed sessions, per-prompt ``__rollout_n__``) goes as one ticket
+per size; a step's open ticket (scoring while generating) names each uid's size, and a group a
+failed session left short is settled with the members it has when the ticket closes. Any of these
+batches can be taken group by group (``take_group``: the staleness pool); only a regular one
+(``PendingRewards.regular``) can be cut into mini-batches of a fixed size.
 """
 
 from __future__ import annotations
@@ -16,19 +19,23 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from verl_async_rm.client import RewardClient
 from verl_async_rm.cost import Prices, Usage, chunk_usage
 from verl_async_rm.integration.agent_client import connect
 from verl_async_rm.integration.decode import FIXED_EXTRA_KEYS, fixed_extra_columns
 from verl_async_rm.integration.settings import AsyncAgentSettings
 from verl_async_rm.strategies.timing import RewardTiming
 
+GROUP_POLL_S = 0.02  # take_group over several tickets: each is asked in turn for up to this long
+
 
 @dataclass
 class _Ticket:
     ticket: str
     requests: Mapping[int, int]  # the ticket's sample index -> request (a list on the batch path)
-    group_size: int
+    group_size: int  # the largest group's size when ``sized_per_uid``
     remaining: int  # of this batch's samples, not handed out yet
+    sized_per_uid: bool = False  # opened with a size per uid: get(n=1) hands out the next whole group, any size
 
 
 @dataclass(frozen=True)
@@ -112,9 +119,10 @@ class ScoredRows:
 
 
 class BatchRewards:
-    def __init__(self, settings: AsyncAgentSettings, tokenizer):
+    def __init__(self, settings: AsyncAgentSettings, tokenizer, client: Optional[RewardClient] = None):
+        """``client``: the agent to talk to (default: the job's, ``agent_client.connect``)."""
         self.settings = settings
-        self.client = connect(self.settings)
+        self.client = connect(self.settings) if client is None else client
         self.tokenizer = tokenizer
         self.extra_keys = tuple(self.settings.extra_keys)
         agent = self.settings.agent
@@ -162,7 +170,8 @@ class BatchRewards:
         size = stream.group_size if isinstance(stream.group_size, int) else max(sizes.values(), default=1)
         uniform = all(n == size for n in sizes.values()) and (
             isinstance(stream.group_size, int) or all(stream.group_size.get(g) == n for g, n in sizes.items()))
-        ticket = _Ticket(stream.ticket, {index: position for position, index in enumerate(indices)}, size, len(indices))
+        ticket = _Ticket(stream.ticket, {index: position for position, index in enumerate(indices)}, size, len(indices),
+                         sized_per_uid=not isinstance(stream.group_size, int))
         return PendingRewards([ticket], [tuple(rows_of[i]) for i in indices], [group_of[i] for i in indices],
                               RewardTiming(stream.opened_at), uniform_groups=uniform, strays=added - len(indices))
 
@@ -171,20 +180,46 @@ class BatchRewards:
         self.client.cancel(stream.ticket)
 
     def take_group(self, pending: PendingRewards, timeout: Optional[float]) -> Optional[ScoredRows]:
-        """One whole group of ``pending``, the next to be scored; None if none is within ``timeout``
-        (0: only one already scored). Needs a batch of one group size (``regular``)."""
-        if not pending.regular:
-            raise ValueError(
-                "the staleness pool takes a batch group by group and needs groups of one size, one row each "
-                "(v1: no per-prompt __rollout_n__, no multi-output sessions, no failed sessions)"
-            )
-        ticket = pending.tickets[0]
-        if not ticket.remaining:
+        """The next whole group of ``pending`` to be scored (with any others handed out with it), or
+        None if none is within ``timeout`` (0: only one already scored; None: as long as it takes)
+        or none is left. Any batch: groups of several sizes (one ticket per size, or an open ticket
+        sized per uid), groups a failed session left short, several rows per request (the staleness
+        pool takes every batch verl trains on this way)."""
+        tickets = [t for t in pending.tickets if t.remaining]
+        if len(tickets) <= 1:
+            return self._take_group_of(pending, tickets[0], timeout) if tickets else None
+        for ticket in tickets:  # several sizes (submitted batch): one scored already, in any of them
+            got = self._take_group_of(pending, ticket, 0)
+            if got is not None:
+                return got
+        if timeout == 0:
             return None
-        try:
-            return self._take(pending, ticket, pending.group_size, timeout)
-        except TimeoutError:
-            return None
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:  # the first to be scored, whichever ticket holds it: each asked in turn, briefly
+            for ticket in [t for t in pending.tickets if t.remaining]:
+                left = GROUP_POLL_S if end is None else min(GROUP_POLL_S, max(0.0, end - time.monotonic()))
+                got = self._take_group_of(pending, ticket, left)
+                if got is not None:
+                    return got
+            if not pending.remaining or (end is not None and time.monotonic() >= end):
+                return None
+
+    def _take_group_of(self, pending: PendingRewards, ticket: _Ticket, timeout: Optional[float]) -> Optional[ScoredRows]:
+        """Whole groups of one ticket, the first to be scored and at least one of this batch's."""
+        # One group: n=1 on a ticket sized per uid (the group that reaches n is never cut); with one
+        # size, n is that size (a group left short when an open ticket closed may bring the next along).
+        n = 1 if ticket.sized_per_uid else ticket.group_size
+        end = None if timeout is None else time.monotonic() + timeout
+        while ticket.remaining:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                got = self._take(pending, ticket, n, left, exact=True)
+            except TimeoutError:
+                return None
+            if got.rows:
+                return got
+            # only samples the batch does not have (strays, skipped): the batch's groups are still to come
+        return None
 
     def take_if_all_scored(self, pending: PendingRewards) -> Optional[ScoredRows]:
         """Every remaining group of ``pending`` if all of them are scored already, else None with
@@ -215,12 +250,14 @@ class BatchRewards:
                 out.extend(self._take(pending, ticket, n))
         return out
 
-    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int], timeout: Optional[float] = None) -> ScoredRows:
+    def _take(self, pending: PendingRewards, ticket: _Ticket, n: Optional[int], timeout: Optional[float] = None,
+              exact: bool = False) -> ScoredRows:
         start = time.monotonic()
-        # With strays, whole groups "totalling n" may include some: only take-all is used then
-        # (an irregular batch is trained whole), so nothing of this batch is left behind.
+        # With strays, whole groups "totalling n" may include some: a blocking take of part of a batch
+        # takes all of it then (an irregular batch is trained whole), so nothing of it is left behind;
+        # ``exact``: the caller asks for whole groups and skips strays itself (take_group).
         if timeout is None:
-            chunk = self.client.get(ticket.ticket, None if pending.strays else n)
+            chunk = self.client.get(ticket.ticket, None if pending.strays and not exact else n)
         else:
             chunk = self.client.get(ticket.ticket, n, timeout)
         pending.timing.blocked += time.monotonic() - start

@@ -169,9 +169,10 @@ class StepScheduler:
                              self.plan.actor_epochs, self.plan.critic_epochs)
 
     def train(self, ops: TrainerOps, batch, pending: Optional[PendingRewards], *, update_actor: bool, timing_raw: dict,
-              kl_controller: Any = None, scored: Optional[ScoredRows] = None) -> dict:
+              kl_controller: Any = None, scored: Optional[ScoredRows] = None, samples: Optional[dict] = None) -> dict:
         """Score, advantage and update one generated batch; returns the step's metrics. ``scored``:
-        every row's score already in hand (the staleness pool's batches): one whole-batch update."""
+        every row's score already in hand (the staleness pool's batches): one whole-batch update;
+        ``samples`` then names each row's sample (request), as ``pending`` does otherwise."""
         pipelined = scored is None and self.plan.mini_batches > 1 and ops.pipelineable(batch, pending)
         if pipelined and not self.strategy.split_scored_batches:
             scored = self.rewards.take_if_all_scored(pending)
@@ -228,7 +229,7 @@ class StepScheduler:
                     continue
             with self.timer("reward_attach", timing_raw, color="yellow"):
                 ops.attach(batch, unattached)
-                masked |= self._mask(ops, batch, unattached, pending, metrics)
+                masked |= self._mask(ops, batch, unattached, pending, metrics, samples)
             with self.timer("adv", timing_raw, color="brown"):
                 rows = None if piece is None else [row for g in unattached.groups for row in rows_of_group[g]]
                 if masked:  # advantages of the usable rows alone: group statistics without the masked ones
@@ -250,15 +251,19 @@ class StepScheduler:
         metrics["async_reward/update_calls"] = update_calls  # every role and epoch; merged calls count once
         return metrics
 
-    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict) -> set:
+    def _mask(self, ops: TrainerOps, batch, scored: ScoredRows, pending: Optional[PendingRewards], metrics: dict,
+              samples: Optional[dict] = None) -> set:
         """failure_policy=mask: mask the failed rows of these whole groups, and every row of a group
         left with fewer than min_group_success usable samples (see verl_async_rm/masking.py)."""
         agent = self.rewards.settings.agent
         if not agent.failure.masks_loss:
             return set()
         # a sample (one reward request) may stand for several rows (v1: a session's outputs); without
-        # the pending tickets (rows scored elsewhere) each row counts as its own sample
-        sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows} if pending is not None else {}
+        # the pending tickets or ``samples`` (rows scored elsewhere) each row counts as its own sample
+        if samples is not None:
+            sample_of_row = samples
+        else:
+            sample_of_row = {row: r for r, rows in enumerate(pending.rows_of) for row in rows} if pending is not None else {}
         decision = decide(scored.rows, scored.row_groups, [sample_of_row.get(row, row) for row in scored.rows],
                           scored.extra_info["reward_failed"], agent.min_group_success)
         metrics[MASKED_SAMPLES_METRIC] = metrics.get(MASKED_SAMPLES_METRIC, 0) + decision.masked_samples

@@ -13,7 +13,7 @@ step b - 1 - k under k steps of lookahead) and is *ready* once the agent scored 
    the order they were generated in: deterministic);
 3. while fewer are ready than the step needs, the step waits for the next group to be scored, any
    group (the first to finish), and selects again; with nothing left to wait for (dropped groups
-   or failed sessions ate the supply) the caller generates one more batch (``starved``);
+   ate the supply) the caller generates one more batch (``starved``);
 4. a group still waiting is carried into a later step, its staleness growing by one per step.
 
 Supply (``short_of_supply``): a pool fed one batch a step holds little more than the step needs,
@@ -36,9 +36,19 @@ adds a batch only while the whole batch fits under the count above (``whole_batc
 never holds more groups than the steps up to the newest deadline train; and a step takes younger
 ready groups only while the groups left can all still meet their deadlines, counted earliest
 deadline first (``first_overdue``); otherwise it waits for a score first (``for_bound``: rare, and
-counted with the waits for due groups). The run's last step keeps no room for steps after it. One
-case is left: a refill after failed sessions (``starved``) at ``max_staleness=0``, all due at once;
-its excess is dropped as under ``drop`` (counted).
+counted with the waits for due groups). The run's last step keeps no room for steps after it. A
+refill (``starved``) happens only when drops ate the supply, so only under ``drop``; at
+``max_staleness=0`` it is all due at once, and its excess is dropped (counted).
+
+Rowless prompts: verl's v1 sampler counts prompts, whatever their group sizes (per-prompt
+``__rollout_n__``, sessions that failed), and a prompt every session of which failed is one of its
+``train_batch_size`` with no rows (verl's ``sync_refill_failed_groups``, which replaces it
+instead, is refused at start with the pool: strategies/plan.py). The pool counts alike: such a prompt is a group, ready at once, that a step
+takes like any other (oldest first, its deadline its batch's) and trains nothing of. So every batch
+brings ``train_batch_size`` groups whatever failed, and the supply and deadline counts above hold
+as for full batches (under ``wait`` nothing is ever dropped). One exception: a step whose groups
+would all be rowless would train nothing, so it takes one group with rows more (the oldest scored;
+waiting for the first to be scored if none is).
 
 ``max_staleness: auto`` (``auto_staleness_bound``): under ``wait`` a step waits for a due group
 whose calls outlive the bound (a hung call holds it until the agent's ``ticket_deadline`` settles
@@ -75,6 +85,7 @@ class PooledGroup:
     born: int  # the step its batch was generated for
     order: int  # position among every group ever pooled (generation order): ties broken by it
     ready: bool = False
+    rowless: bool = False  # a prompt every session of which failed: one of a step's prompts, with no rows
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class Selection:
     wait_for: Optional[object] = None
     waiting: bool = False
     drop: tuple = ()
-    starved: bool = False  # too few groups left, none pending (drops or failed sessions ate the supply): generate a batch more
+    starved: bool = False  # too few groups left, none pending (drops ate the supply): generate a batch more
     for_bound: bool = False  # on_stale=wait: waiting now keeps a later step from more due groups than it trains
 
 
@@ -109,11 +120,15 @@ class GroupPool:
             raise ValueError("max_staleness must be >= 0 and train_batch_size >= 1")
 
     # -- book-keeping ---------------------------------------------------------------------------
-    def add(self, keys: Iterable[Hashable], born: int) -> None:
+    def add(self, keys: Iterable[Hashable], born: int, rowless: Iterable[Hashable] = ()) -> None:
+        """``rowless``: those of ``keys`` that are prompts every session of which failed (ready at
+        once, nothing to score: "Rowless prompts" above)."""
+        rowless = set(rowless)
         for key in keys:
             if key in self.groups:
                 raise ValueError(f"group {key!r} is already in the pool")
-            self.groups[key] = PooledGroup(key, born, self._order)
+            empty = key in rowless
+            self.groups[key] = PooledGroup(key, born, self._order, ready=empty, rowless=empty)
             self._order += 1
 
     def scored(self, key: Hashable) -> None:
@@ -150,8 +165,8 @@ class GroupPool:
         rest = [g for g in ready if g not in due_ready]
         chosen = (due_ready + rest)[: self.train_groups]
         if len(due_ready) > self.train_groups:
-            # more due than a step trains on (on_stale=drop: supply batches; wait: only a refill
-            # after failed sessions at max_staleness=0, "Deadlines" above): the excess cannot be
+            # more due than a step trains on (on_stale=drop: supply batches and refills; never under
+            # wait, "Deadlines" above): the excess cannot be
             # carried without passing max_staleness, so it is dropped like a late due group
             excess = due_ready[self.train_groups:]
             for g in excess:
@@ -162,6 +177,13 @@ class GroupPool:
             return Selection(waiting=True, drop=drop)  # wait for the next score, whichever group it is
         if len(chosen) < self.train_groups:
             return Selection(starved=True, drop=drop)
+        if all(g.rowless for g in chosen):
+            # prompts whose sessions all failed alone would train nothing: one group with rows more
+            # ("Rowless prompts" above), the oldest scored, else the first to be scored
+            extra = next((g for g in ready if not g.rowless), None)
+            if extra is None:
+                return Selection(waiting=True, drop=drop) if self.pending() else Selection(starved=True, drop=drop)
+            chosen.append(extra)
         if self.on_stale == "wait" and self._must_wait_for_an_older_group(step, chosen, last_step):
             # taking younger ready groups now would leave more groups due at some later step than
             # the steps until then can train (wait: none may be dropped): the step waits for a

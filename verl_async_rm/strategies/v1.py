@@ -442,7 +442,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
             self.on_sample_end()
 
         def generate_more() -> bool:
-            """Drops (or failed sessions) ate the supply: one batch more, for this step, by the same weights.
+            """Drops ate the supply (on_stale=drop): one batch more, for this step, by the same weights.
             The replicas slept after this step's generation: wake them as verl does (a weight sync of
             the unchanged weights), generate, and put them back to sleep."""
             self.checkpoint_manager.update_weights(self.global_steps - 1)
@@ -468,7 +468,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         batch = KVBatchMeta(partition_id="train", keys=list(chosen.rows), tags=[tags[k] for k in chosen.rows],
                             extra_info={"temperature": self.config.actor_rollout_ref.rollout.temperature})
         batch = self._train_on(GeneratedBatch(batch, None, 0, None, self.global_steps - 1), metrics, timing_raw,
-                               scored=chosen.scored, staleness_of_row=chosen.staleness_of_row)
+                               scored=chosen.scored, staleness_of_row=chosen.staleness_of_row, samples=chosen.sample_of_row)
         compute = time.monotonic() - step_started - chosen.metrics["async_rm/pool_wait_s"]
         self._measured["compute"] = (self._measured["compute"] + [max(compute, 1e-3)])[-16:]
         chosen.metrics["async_rm/max_staleness"] = float(self._pool.pool.max_staleness)  # the bound this step ran under
@@ -485,7 +485,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         return batch
 
     def _train_on(self, current: GeneratedBatch, metrics: dict, timing_raw: dict, scored: Optional[ScoredRows] = None,
-                  staleness_of_row: Optional[dict] = None) -> KVBatchMeta:
+                  staleness_of_row: Optional[dict] = None, samples: Optional[dict] = None) -> KVBatchMeta:
         # each row's staleness goes to TransferQueue with its score (_put_scores): every row of the
         # batch is attached a score once this step
         self._staleness_of_row = staleness_of_row or {}
@@ -502,7 +502,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         kl_controller = self.kl_ctrl_in_reward if self.config.algorithm.use_kl_in_reward else None
         try:
             metrics.update(self.scheduler.train(ops, batch, current.rewards, timing_raw=timing_raw, kl_controller=kl_controller,
-                                                update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored))
+                                                update_actor=self.config.trainer.critic_warmup <= self.global_steps, scored=scored,
+                                                samples=samples))
         finally:
             self._staleness_of_row = {}
         # verl's whole-batch advantage call did not run (advantages came in pieces, or rows were
