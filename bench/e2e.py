@@ -79,7 +79,7 @@ import subprocess
 import sys
 import time
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -88,8 +88,33 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verl_async_rm_rig.demo import MODES as DEMO_MODES  # noqa: E402
-from verl_async_rm_rig.demo import SHAPE, ModeResult, summarize  # noqa: E402
+# The regimes and the contestants: one home with the demo's lanes (rig/verl_async_rm_rig/contestants.py)
+from verl_async_rm_rig.contestants import (  # noqa: E402
+    AGENT,
+    AGENT_COLOCATE,
+    ANCHOR_DECODE_S,
+    ANCHOR_MODES,
+    ANCHOR_REGIMES,
+    COLOCATE,
+    MODES,
+    OWN_WAIT_KEYS,  # noqa: F401 (the records' trainer_wait_key: e2e.OWN_WAIT_KEYS to its readers)
+    PACE_TOLERANCE,
+    RECOMMENDED,
+    REGIMES,
+    REWARD_MANAGER,
+    SAMPLES_PER_STEP,
+    SHAPE,
+    STOCK,
+    STOCK_COMMAND,
+    TRAINER_WAIT_KEY,  # noqa: F401 (as OWN_WAIT_KEYS)
+    V1_POLL_S,
+    VERL_COLOCATE,
+    reward_function,
+    reward_loop_overrides,
+    trainer_wait,
+)
+from verl_async_rm_rig.contestants import start_judge_server as start_server  # noqa: E402
+from verl_async_rm_rig.demo import ModeResult, summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 FINAL_STEPS = 3  # first/final toy reward = mean batch reward over the first/last 3 steps
@@ -102,191 +127,20 @@ VAL_SAMPLES = 4
 VALIDATION = ["actor_rollout_ref.rollout.val_kwargs.do_sample=true",
               "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", f"actor_rollout_ref.rollout.val_kwargs.n={VAL_SAMPLES}"]
 VAL_KEY_SUFFIX = f"/acc/mean@{VAL_SAMPLES}"  # verl's val-core/<data source>/acc/mean@N
-STOCK = "baseline"
 # The done-when goals, judged on medians over seeds against the same-mode bound.
 GOAL_BOTH_HIDDEN = 0.95  # `both` where the latency tail <= step compute
 GOAL_TAIL_HIDDEN = 0.90  # the tail-tolerant mode, heavy-tailed latency with p99 = 2.5x compute
-# Agent settings every run gets (the demo's): enough concurrency that no judge queue forms.
-AGENT = ["reward.async_agent.max_concurrency=64"]
 TIMELINE_JUDGE_CALLS = ("zero", "heavy_2.5x", "judge_real")  # regimes whose records keep their judge calls in the JSON
 RUN_COST_S = 40  # a run's wall time with start-ups overlapped (the start gate), 2 idle cores
 # ... more for a run of verl's reward loop at its default size: 8 reward-loop worker processes start
 # (each imports verl) and hold memory, so fewer such runs start up together
 VERL_REWARD_LOOP_RUN_COST_S = 60
-V1_POLL_S = 0.05  # v1's replay-buffer poll (verl's fixed 2 s would swamp ~1 s steps), for every v1 run
-# Samples a step trains on (CPURunConfig's 8 prompts x 4): the judge's demand, with the step compute C
-SAMPLES_PER_STEP = 8 * 4
-# A fixed --compute means another regime on a machine of another pace: a group's stock step with an
-# instant judge more than this factor off C is reported (or, with --recalibrate, C is measured first)
-PACE_TOLERANCE = 1.5
-
-# The modes (hydra overrides on top of the stock trainer). The tail-tolerant mode (issue 14): a pool of
-# scored groups, generation ahead sized from measured latency (off_policy_steps=auto), a group carried
-# at most 2 steps, then waited for (nothing dropped). The pool is v1 only and excludes the mini-batch
-# pipeline (strategies/plan.py refuses both). Failure policies are agent settings.
-TAIL = ["off_policy_steps=auto", "max_staleness=2", "on_stale=wait"]
-# The same pool, but a group still unscored when it is due is dropped (counted) instead of waited
-# for: with hangs that only a deadline settles, the step never waits for one.
-TAIL_DROP = ["off_policy_steps=auto", "max_staleness=2", "on_stale=drop"]
-# The waiting pool with a bound that outlasts the deadline: in `heavy_2.5x` a hung call is settled
-# 5C after it is sent, and a group may be carried 6 steps (each about C) before it is due, so no step
-# waits for a hang's group at its bound: what `wait` hides when the bound follows the README's rule
-# (at least ticket_deadline / step time), against `tail`, whose bound of 2 is shorter.
-TAIL_S6 = ["off_policy_steps=auto", "max_staleness=6", "on_stale=wait"]
-# The README's rule made executable: max_staleness=auto raises the bound each step to ceil(ticket
-# deadline / median step compute) (strategies/staleness_pool.py), so no step waits for a group the deadline
-# settles. It needs a ticket deadline: in a regime without one (the instant judge, its same-mode
-# bound), the heavy regime's (AUTO_BOUND_DEADLINE), so both runs are the same configuration.
-TAIL_AUTO = ["off_policy_steps=auto", "max_staleness=auto", "on_stale=wait"]
-MODES: dict[str, list[str]] = {
-    STOCK: [],
-    **{m: o for m, o in DEMO_MODES.items() if m not in ("zero_latency", STOCK)},
-    "tail": TAIL,
-    "tail_drop": TAIL_DROP,
-    "tail_s6": TAIL_S6,
-    "tail_auto": TAIL_AUTO,
-    "both_neutral": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=neutral"],
-    "both_mask": [*DEMO_MODES["both"], "reward.async_agent.failure_policy=mask"],
-}
-# verl's own answer to a slow reward (issue 43), the anchor: its colocate_async trainer mode (partial
-# rollouts, rewards scored in the background, staleness bounded by its replay buffer), with verl's
-# reward loop at its best for the judge (the rate_limited manager given the judge's limits and
-# timeout: VERL_REWARD_LOOP), and the same command with this package's reward manager.
-VERL_COLOCATE = "verl_colocate_async"
-AGENT_COLOCATE = "colocate_async_agent"
-COLOCATE = ["trainer.v1.trainer_mode=colocate_async"]
-MODES |= {VERL_COLOCATE: COLOCATE, AGENT_COLOCATE: COLOCATE}
-REWARD_MANAGER = {VERL_COLOCATE: "rate_limited"}  # every other mode: async_agent
-# Modes run as a verl user's command: verl's default reward.num_workers (the CPU backend's own runs
-# use 1); verl's rate_limited limits are per worker process, so its judge sees up to 8x them.
-STOCK_COMMAND = {VERL_COLOCATE: 8, AGENT_COLOCATE: 8}
-ANCHOR_MODES = (VERL_COLOCATE, AGENT_COLOCATE)
-# verl's trainer measures the time its step waits for the replay buffer's finished (generated and
-# scored) groups as timing_s/gen; this package's strategies time the wait on rewards alone, as
-# timing_s/reward_wait (the mini-batch pipeline's takes, the pool's wait for due groups; older
-# trees: the pipeline's async_reward/blocked_s only).
-TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen"}
-OWN_WAIT_KEYS = ("timing_s/reward_wait", "async_reward/blocked_s")
-# The configuration issue 43's goals judge (--recommended), and the others measured against the same
-# thresholds, each on its own row: the measurement decides which one the README recommends.
-RECOMMENDED = AGENT_COLOCATE
+# The configuration issue 43's goals judge (--recommended: contestants.RECOMMENDED by default), and the
+# others measured against the same thresholds, each on its own row: the measurement decides which one
+# the README recommends.
 CANDIDATES = (AGENT_COLOCATE, "both", "tail_auto")
 
 
-@dataclass(frozen=True)
-class Regime:
-    """A simulated judge, in units of the step compute C (so a regime means the same on any machine)."""
-
-    name: str
-    model: str  # "zero" (instant), "uniform", "lognormal", or "http" (the loopback judge server, lognormal)
-    tail_x: float = 0.0  # uniform: the top of the range; lognormal: p99; both x C
-    hang_prob: float = 0.0
-    fail_prob: float = 0.0  # http: the share of HTTP 500s
-    p50_ratio: float = 10.0  # lognormal: p99 / p50 (the issue: p99 ~ 10x p50)
-    deadline_x: float = 0.0  # > 0: request_timeout = ticket_deadline = this x C (settles hangs)
-    # A failure regime (fail_prob > 0) is judged on learning only, against stock verl meeting the same
-    # failures (the regime's own baseline, as in every regime); this names the same judge without
-    # failures, whose stock run shows what the failures cost (reported, not judged).
-    without_failures: Optional[str] = None
-    # > 0: the agent's ticket deadline (x C) where it differs from the request timeout: room for retries
-    ticket_deadline_x: float = 0.0
-    # http: the server's token bucket refills at this share of the demand (SAMPLES_PER_STEP / C per
-    # second) with a burst of one second's refill, the shape of verl's own rate_limited bucket
-    limit_x: float = 0.0
-
-    @property
-    def http(self) -> bool:
-        return self.model == "http"
-
-    def limit_per_s(self, compute_s: float) -> float:
-        """http: the server's refill rate, requests per second."""
-        return round(self.limit_x * SAMPLES_PER_STEP / compute_s, 3)
-
-    def server(self, compute_s: float, seed: int) -> dict:
-        """http: the loopback judge server's settings (JudgeServerConfig kwargs, JSON-able)."""
-        tail = round(self.tail_x * compute_s, 4)
-        refill = self.limit_per_s(compute_s)
-        return {"latency_lognormal": [round(tail / self.p50_ratio, 4), tail], "rate_500": self.fail_prob,
-                "rate_hang": self.hang_prob, "hang_seconds": 3600.0, "bucket_capacity": max(1, math.ceil(refill)),
-                "bucket_refill_per_s": refill, "seed": seed}
-
-    def judge(self, compute_s: float, seed: int) -> dict:
-        """Reward kwargs of the toy reward's simulated judge (cpu_backend/latency.py); for the http
-        judge, its server's settings and the client's timeout (the server's address is the run's own,
-        added when it starts: bench/e2e.py's run_config)."""
-        if self.model == "zero":
-            return {}
-        if self.http:
-            return {"server": self.server(compute_s, seed), "timeout": round(self.deadline_x * compute_s, 3)}
-        tail = round(self.tail_x * compute_s, 4)
-        kwargs: dict = {"latency_seed": seed}
-        if self.model == "uniform":
-            kwargs |= {"latency_model": "uniform", "latency_lo": round(tail / 40, 4), "latency_hi": tail}
-        else:
-            kwargs |= {"latency_model": "lognormal", "latency_p50": round(tail / self.p50_ratio, 4), "latency_p99": tail}
-        if self.hang_prob:
-            kwargs["hang_prob"] = self.hang_prob
-        if self.fail_prob:
-            kwargs["fail_prob"] = self.fail_prob
-        return kwargs
-
-    def agent(self, compute_s: float) -> list[str]:
-        if not self.deadline_x:
-            return []
-        deadline = round(self.deadline_x * compute_s, 3)
-        ticket = round(self.ticket_deadline_x * compute_s, 3) if self.ticket_deadline_x else deadline
-        out = [f"reward.async_agent.request_timeout={deadline}", f"reward.async_agent.ticket_deadline={ticket}"]
-        if self.http:  # the judge's published limit, as verl's rate_limited manager is given it
-            out.append(f"reward.async_agent.requests_per_minute={round(self.limit_per_s(compute_s) * 60, 3)}")
-        return out
-
-    def verl_reward_loop(self, compute_s: float) -> list[str]:
-        """verl's rate_limited manager at its best for this judge: concurrency as the agent's, the
-        judge's rate limit (per reward-loop worker: verl's limiters are per process) and the request
-        timeout (verl's own 300 s where the regime sets none)."""
-        out = ["+reward.max_concurrent=64"]
-        if self.deadline_x:
-            out.append(f"+reward.timeout={round(self.deadline_x * compute_s, 3)}")
-        if self.http:
-            out.append(f"+reward.max_rpm={round(self.limit_per_s(compute_s) * 60, 3)}")
-        return out
-
-    @property
-    def timing(self) -> bool:
-        return not self.fail_prob or self.http
-
-    def describe(self) -> str:
-        if self.model == "zero":
-            return "instant judge"
-        if self.http:
-            return (f"loopback HTTP judge through the openai client: lognormal, p99 = {self.tail_x:g}C, "
-                    f"p50 = p99/{self.p50_ratio:g}; token bucket at {self.limit_x:.0%} of the demand "
-                    f"({SAMPLES_PER_STEP}/C per s, 1 s burst), 429 + Retry-After past it; "
-                    f"{self.fail_prob:.0%} HTTP 500s, {self.hang_prob:.0%} hangs; {self.deadline_x:g}C request timeout"
-                    + (f" (the agent's ticket deadline {self.ticket_deadline_x:g}C)" if self.ticket_deadline_x else ""))
-        what = (f"uniform in [{self.tail_x:g}C/40, {self.tail_x:g}C]" if self.model == "uniform"
-                else f"lognormal, p99 = {self.tail_x:g}C, p50 = p99/{self.p50_ratio:g}")
-        if self.hang_prob:
-            what += f", {self.hang_prob:.1%} hangs settled by a {self.deadline_x:g}C deadline"
-        if self.fail_prob:
-            what += f", {self.fail_prob:.0%} of calls fail"
-        return what
-
-
-ZERO = Regime("zero", "zero")
-REGIMES: dict[str, Regime] = {r.name: r for r in [
-    ZERO,
-    Regime("tail_1x", "uniform", 1.0),
-    Regime("tail_2.5x", "uniform", 2.5),
-    Regime("heavy_2.5x", "lognormal", 2.5, hang_prob=0.005, deadline_x=5.0),
-    Regime("fail20", "uniform", 1.0, fail_prob=0.2, without_failures="tail_1x"),
-    # What a hosted judge imposes (issue 43): a rate limit below what the trainer asks, transient 500s,
-    # hangs, a heavy tail. The request timeout (2.5C: past the p99) is every manager's; the agent's
-    # ticket deadline leaves it room for retries.
-    Regime("judge_real", "http", 1.0, hang_prob=0.01, fail_prob=0.05, deadline_x=2.5, ticket_deadline_x=10.0,
-           limit_x=0.8),
-]}
-ANCHOR_REGIMES = ("tail_1x", "heavy_2.5x", "judge_real")
 CALIBRATION = "calibration"  # the group of the run that measures C (trains alone, bounds nothing)
 
 
@@ -414,9 +268,6 @@ def source_fingerprint() -> str:
     return tree + ("+" + hashlib.sha1(dirty.encode()).hexdigest()[:8] if dirty else "")
 
 
-AUTO_BOUND_DEADLINE = "heavy_2.5x"  # the regime whose deadline max_staleness=auto gets where none is set
-
-
 def async_fast_poll_supported() -> bool:
     """Whether the CPU backend's fast-polling v1 sampler covers verl's async replay buffer
     (colocate_async) too, not only its sync one. Read from the sampler's source: importing it imports
@@ -440,16 +291,8 @@ def run_settings(run: Run, compute_s: float, decode_s: float) -> dict:
     """Everything that decides what a run measures (its cache key is a digest of this)."""
     regime = REGIMES[run.regime]
     manager = REWARD_MANAGER.get(run.mode, "async_agent")
-    if manager == "async_agent":
-        agent = regime.agent(compute_s)
-        if "max_staleness=auto" in MODES[run.mode] and not agent:  # auto needs a ticket deadline (TAIL_AUTO)
-            agent = REGIMES[AUTO_BOUND_DEADLINE].agent(compute_s)
-        reward_loop = [*AGENT, *agent]
-    else:  # verl's own reward loop: this package's agent settings mean nothing to it
-        reward_loop = regime.verl_reward_loop(compute_s)
-    workers = [f"reward.num_workers={STOCK_COMMAND[run.mode]}"] if run.mode in STOCK_COMMAND else []
     settings = {"judge": regime.judge(compute_s, run.seed),
-                "overrides": [*SHAPE, *VALIDATION, *MODES[run.mode], *workers, *reward_loop],
+                "overrides": [*SHAPE, *VALIDATION, *MODES[run.mode], *reward_loop_overrides(regime, run.mode, compute_s)],
                 "decode_s": decode_s}
     # Keys only where they differ from every earlier run's, so the cache of those runs still holds.
     if manager != "async_agent":
@@ -537,27 +380,20 @@ class Outcome:
     load: dict  # the machine's 1-min load average before and after the training
     startup_s: Optional[float] = None  # a gated run: launch to waiting at the gate (Ray, workers, validation)
     queue_position: Optional[int] = None  # a gated run: how many runs of its start-up group trained before it
-    judge_server: Optional[dict] = None  # judge_real: what the judge saw during the loop (run_figures.judge_window)
-    dumps: Optional[dict] = None  # what verl's dumps and the judge log say (run_figures.dump_figures)
+    judge_server: Optional[dict] = None  # judge_real: what the judge saw during the loop (verl_async_rm_rig.run_figures.judge_window)
+    dumps: Optional[dict] = None  # what verl's dumps and the judge log say (verl_async_rm_rig.run_figures.dump_figures)
 
 
 def start_judge_server(job: Job):
     """judge_real: a loopback judge server of the run's own (a fresh token bucket and counters), before
     the run starts (its validation before step 1 calls the judge too), or None for a simulated judge."""
-    server = job.settings["judge"].get("server")
-    if not server:
-        return None
-    from verl_async_rm_rig.cpu_backend.judged_toy import toy_judge
-    from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
-
-    config = {k: tuple(v) if isinstance(v, list) else v for k, v in server.items()}
-    return JudgeServer(JudgeServerConfig(judge=toy_judge, **config)).start()
+    return start_server(job.settings["judge"])
 
 
 def run_config(job: Job, steps: int, start_gate: bool = False):
     """The trainer run of ``job``: identical for every mode but for the mode's own overrides (and, for
     verl's reward loop, its manager)."""
-    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, toy_reward_path
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig
 
     gate = {"start_gate": True} if start_gate else {}
     env = {judge_log_env(): str(Path(job.run_dir).absolute() / JUDGE_LOG)} if judge_log_env() else {}
@@ -571,15 +407,9 @@ def run_config(job: Job, steps: int, start_gate: bool = False):
     # As the demo starts its runs: Ray's two prestarted workers per cluster are never used by verl.
     env["RAY_prestart_worker_first_driver"] = "0"
     judge = job.settings["judge"]
-    if "server" in judge:  # judge_real: the toy reward through the loopback server
-        if job.server is None:
-            raise RuntimeError(f"{job.run}: its judge server is not running")
-        from verl_async_rm_rig.cpu_backend import judged_toy
-
-        reward = {"reward_path": os.path.abspath(judged_toy.__file__), "reward_name": "compute_score_via_judge",
-                  "reward_kwargs": {"base_url": job.server.base_url, "timeout": judge["timeout"]}}
-    else:
-        reward = {"reward_path": toy_reward_path(), "reward_name": "compute_score_with_latency", "reward_kwargs": judge}
+    if "server" in judge and job.server is None:  # judge_real: the toy reward through the loopback server
+        raise RuntimeError(f"{job.run}: its judge server is not running")
+    reward = reward_function(judge, job.server.base_url if job.server is not None else None)
     run_dir = Path(job.run_dir).absolute()
     dumps = [f"trainer.rollout_data_dir={run_dir / ROLLOUT_DUMPS}", f"trainer.validation_data_dir={run_dir / VALIDATION_DUMPS}"]
     return CPURunConfig(
@@ -601,36 +431,14 @@ def start_gate_supported() -> bool:
     return hasattr(launch, "start") and any(f.name == "start_gate" for f in fields(launch.CPURunConfig))
 
 
-def read_dumps(folder: Path) -> dict[int, list[dict]]:
-    """verl's dump folder: step -> its rows. Rows split on "\n" alone: verl writes them with
-    ensure_ascii=False, and a sampled response may hold U+2028, on which str.splitlines also splits."""
-    out = {}
-    for path in folder.glob("*.jsonl") if folder.is_dir() else []:
-        if path.stem.isdigit():
-            out[int(path.stem)] = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().split("\n"):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # the empty tail, or a line cut by a killed writer
-    return rows
-
-
 def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_s: Optional[float] = None,
              loop_start: Optional[float] = None, queue_position: Optional[int] = None,
              step_starts: Optional[list[float]] = None) -> Outcome:
     """``loop_start``: wall-clock time the training loop began (a gated run's), which places the judge
     calls on the step timeline (the demo's reader); without it the run has no calls drawn.
     ``step_starts``: the trainer's step clock (wall-clock starts), which places the steps there too and
-    makes the loop time run from the gate (run_figures.step_offsets)."""
-    from bench.run_figures import dump_figures, judge_window, step_offsets
+    makes the loop time run from the gate (verl_async_rm_rig.run_figures.step_offsets)."""
+    from verl_async_rm_rig.run_figures import dump_figures, judge_window, read_dumps, read_jsonl, step_offsets
     from verl_async_rm_rig.cpu_backend.launch import read_all_metrics
 
     if not result.ok:
@@ -665,16 +473,12 @@ def outcome_of(job: Job, steps: int, result, wall_s: float, load: dict, startup_
                    None if startup_s is None else round(startup_s, 1), queue_position, judge, dumps)
 
 
-# One run's memory beyond a standard run's (demo.RUN_MEMORY_GB): verl's reward loop at its default
-# size starts 7 more reward-loop worker processes, each with verl imported (an estimate from a verl
-# process's resident set, not measured per worker: it only sizes how many runs start up at once).
-REWARD_LOOP_WORKER_GB = 0.35
-
 
 def startups_that_fit(jobs: list[Job], parallel: int) -> int:
     """How many of ``jobs`` (from the first) start up together: at most ``parallel``, and only as many
     as free memory holds (a Ray cluster a run; a verl reward loop of 8 workers weighs more)."""
-    from verl_async_rm_rig.demo import RUN_MEMORY_GB, default_parallel_startups
+    # a reward-loop worker's memory beyond a standard run's: demo.REWARD_LOOP_WORKER_GB, the demo's estimate
+    from verl_async_rm_rig.demo import REWARD_LOOP_WORKER_GB, RUN_MEMORY_GB, default_parallel_startups
 
     weights = [1 + (STOCK_COMMAND.get(job.run.mode, 1) - 1) * REWARD_LOOP_WORKER_GB / RUN_MEMORY_GB["per_run"]
                for job in jobs]
@@ -777,16 +581,6 @@ def validation_rewards(extra: dict) -> tuple[Optional[float], Optional[float]]:
     return (values[0] if values else None), (values[-1] if len(values) > 1 else None)
 
 
-def trainer_wait(mode: str, extra: dict) -> tuple[str, Optional[float]]:
-    """(metric, seconds over the run) the trainer itself timed as waiting for rewards: this package's
-    strategies' ``timing_s/reward_wait``, or for verl's trainer modes its step's wait for the replay
-    buffer's finished groups (verl times no wait on rewards alone). None where the run logged none
-    (the stock trainer: its rewards are scored inside generation; its wait is the reference)."""
-    keys = [TRAINER_WAIT_KEY[mode]] if mode in TRAINER_WAIT_KEY else [k for k in OWN_WAIT_KEYS if extra.get(k)] or [OWN_WAIT_KEYS[0]]
-    values = extra.get(keys[0])
-    return keys[0], (float(sum(values)) if values else None)
-
-
 def staleness(extra: dict) -> tuple[Optional[float], Optional[float], Optional[str]]:
     """(mean, max, source): this package's pool's staleness where it ran, else verl's v1 trainer's
     (the weight versions between a trajectory's generation and its update)."""
@@ -831,7 +625,7 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         "groups_dropped_stale": last("async_rm/groups_dropped_stale", lambda v: v[-1]),
         "off_policy_steps_chosen": last("async_rm/off_policy_steps", lambda v: float(np.mean(v))),
         "evicted_samples": last("training/rollout_failure/evicted_samples", sum),
-        # samples the updates trained on a failed judge call's 0 (run_figures.trained_on_failures)
+        # samples the updates trained on a failed judge call's 0 (verl_async_rm_rig.run_figures.trained_on_failures)
         "trained_failed_zero": dumps.get("failed_scored_zero"), "trained_failed_ambiguous": dumps.get("ambiguous"),
         "trained_scored_off": dumps.get("scored_off"), "trained_unjoined": dumps.get("unjoined"),
         "trained_rows": dumps.get("rows"), "judge_calls_by_split": dumps.get("judge_calls_by_split"),
@@ -1552,7 +1346,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.trainers, args.seeds, args.regimes = "v1", "0,1,2,3,4", ",".join(ANCHOR_REGIMES)
         args.strategies, args.failure_modes = f"both,tail_auto,{VERL_COLOCATE},{AGENT_COLOCATE}", ""
         if args.decode_s is None:  # a GPU-like token time: generation is still running when colocate_async samples
-            args.decode_s = 0.02
+            args.decode_s = ANCHOR_DECODE_S
     args.decode_s = args.decode_s or 0.0
     if args.out is None:
         args.out = str(RESULTS / ("e2e_anchor.json" if args.anchor else "e2e.json"))

@@ -2,14 +2,16 @@
 it waits at its start gate (Ray, verl's workers, validation done), one run alone or several
 starting together as the demo's do.
 
-    python bench/startup_profile.py                 # the `both` lane alone, v0; bench/results/startup_profile.json
+    python bench/startup_profile.py                 # a `both` lane alone, v0; bench/results/startup_profile.json
     python bench/startup_profile.py --modes baseline --trainer v1
-    python bench/startup_profile.py --modes zero_latency,baseline,pipeline,off_policy,both \
-        --out bench/results/startup_profile_demo.json      # the demo's five lanes starting together
+    python bench/startup_profile.py --modes zero_latency,sync,colocate_async,recommended --trainer v1 \
+        --out bench/results/startup_profile_demo.json      # the demo's lanes starting together
 
-The demo starts five such runs; on 2 cores their start-ups are CPU-bound, so the sum of these CPU
-seconds (not one run's wall time) is what the demo's start-up phase costs, and a run costs more
-among others than alone (``--modes`` with the demo's five measures it as the demo pays it).
+``--modes`` names the demo's lanes (demo.LANES) or any contestant as MODE[@REGIME] (demo.lane_of),
+each started as the demo starts it (its judge server, for judge_real, in this process). The demo
+starts several such runs; on 2 cores their start-ups are CPU-bound, so the sum of these CPU seconds
+(not one run's wall time) is what the demo's start-up phase costs, and a run costs more among others
+than alone (``--modes`` with the demo's lanes measures it as the demo pays it).
 Processes are sampled every 0.2 s (psutil: user + system of the process and its reaped children); a process that ends
 between samples keeps its last sample.
 """
@@ -65,11 +67,11 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
         out = Path(tmp)
         # as the demo: the first run to reach its TaskRunner builds the model and data (assets.py)
         assets = CPURunConfig(out_dir=str(out / "assets"), assets_dir=str(out / "assets"))
-        judge = demo.uniform_judge((0.05, 2.0))
         machine_before = psutil.cpu_times()
         started = time.monotonic()
         cluster = demo.shared_cluster(len(modes)) if share_ray else None
         lanes: dict[str, RunningTrainer] = {}
+        running: list = []  # the demo's lanes (demo.StartedLane: a trainer and its judge server)
         seen: dict[tuple[str, int], tuple[str, float]] = {}
 
         def sample(lane_name: str, procs: list) -> None:
@@ -83,8 +85,9 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
 
         try:
             for mode in modes:
-                lanes[mode] = RunningTrainer(demo.lane_config(out / mode, assets, mode, 8, 0, judge, trainer,
-                                                              start_gate=True, ray_address=cluster and cluster.address))
+                running.append(demo.start_lane(out / mode, assets, demo.lane_of(mode), 8, 0, demo.COMPUTE_S,
+                                               ray_address=cluster and cluster.address, trainer=trainer))
+                lanes[mode] = running[-1].trainer
             while True:
                 claimed: set[int] = set()
                 for mode, lane in lanes.items():
@@ -106,7 +109,7 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
                 raise RuntimeError(f"{ended} ended before the start gate; logs in {out}")
             torch_loaded = {pid: loads_torch(pid) for _, pid in seen}  # every run is parked: its processes live
         finally:
-            for lane in lanes.values():
+            for lane in running:
                 lane.close()
             if cluster is not None:
                 cluster.close()
@@ -132,15 +135,21 @@ def profile(modes: list[str], trainer: str, poll_s: float = 0.2, share_ray: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="both",
-                        help=f"comma-separated runs started together (the demo's: {','.join(demo.DEFAULT_MODES)})")
+                        help=f"comma-separated runs started together: the demo's lanes ({','.join(demo.DEFAULT_LANES)}) "
+                             f"or contestants as MODE[@REGIME]")
     parser.add_argument("--trainer", default="v0", choices=["v0", "v1"])
     parser.add_argument("--ray-clusters", choices=("shared", "per_run"), default="shared",
                         help="the runs share one Ray cluster (the demo's default) or each starts its own")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "startup_profile.json"))
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or set(modes) - set(demo.MODES) or len(set(modes)) != len(modes):
-        parser.error(f"--modes: distinct runs of {list(demo.MODES)}, got {args.modes!r}")
+    try:
+        for mode in modes:
+            demo.lane_of(mode)
+    except ValueError as exc:
+        parser.error(f"--modes: {exc}")
+    if not modes or len(set(modes)) != len(modes):
+        parser.error(f"--modes: distinct runs, got {args.modes!r}")
     result = profile(modes, args.trainer, share_ray=args.ray_clusters == "shared")
     result |= {"command": " ".join(["python", "bench/startup_profile.py", *sys.argv[1:]]),
                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}}

@@ -1,6 +1,7 @@
 """``python -m verl_async_rm_rig demo|score-demo|cpu``: the rig's commands.
 
-- ``demo``: the training demo (verl's real trainer on CPU behind a slow simulated judge; demo.py);
+- ``demo``: the training demo (verl's real trainer on CPU: stock ``sync``, verl's ``colocate_async`` and the
+  recommended configuration against a judge that behaves like a hosted one; demo.py);
 - ``score-demo``: the agent alone, scoring a generated set behind a slow simulated judge (score_demo.py);
 - ``cpu``: one training run of verl on CPU with the tiny model and toy task (cpu_backend/__main__.py).
 """

@@ -808,7 +808,7 @@ def test_execute_group_gives_each_judge_real_run_its_own_server_from_start_up_to
 
 @pytest.mark.quick
 def test_the_judges_window_counts_goodput_against_its_limit_and_429s_after_the_first_second():
-    from bench.run_figures import judge_window
+    from verl_async_rm_rig.run_figures import judge_window
 
     records = [(9.0, "ok", 9.1),  # before the loop (validation): not counted
                (10.0, "ok", 10.5), (10.2, "rate_limited", 10.2), (10.5, "500", 10.6),  # the first second
@@ -830,7 +830,7 @@ def dumped(output, gts, score):
 
 @pytest.mark.quick
 def test_samples_trained_on_a_failed_calls_zero_are_counted_from_the_dump_and_the_judge_log():
-    from bench.run_figures import calls_by_key, trained_on_failures
+    from verl_async_rm_rig.run_figures import calls_by_key, trained_on_failures
     from verl_async_rm_rig.cpu_backend.judged_toy import sample_key
     from verl_async_rm_rig.cpu_backend.toy_task import score_text
 
@@ -853,7 +853,7 @@ def test_samples_trained_on_a_failed_calls_zero_are_counted_from_the_dump_and_th
 
 @pytest.mark.quick
 def test_dump_figures_give_the_true_toy_reward_of_the_last_steps_and_validations():
-    from bench.run_figures import dump_figures
+    from verl_async_rm_rig.run_figures import dump_figures
 
     train = {1: [dumped("ABCD", "lower", 0.0)], 2: [dumped("abcdefgh", "lower", 1.0)], 3: [dumped("abcd", "lower", 0.0)]}
     val = {0: [dumped("abcdefgh", "upper", 0.0)], 3: [dumped("abcdefgh", "lower", 0.0), dumped("ABCDEFGH", "lower", 0.0)]}
@@ -866,7 +866,7 @@ def test_dump_figures_give_the_true_toy_reward_of_the_last_steps_and_validations
 
 @pytest.mark.quick
 def test_the_step_clock_places_steps_from_the_gate_and_refuses_a_clock_out_of_order():
-    from bench.run_figures import loop_wall, step_offsets
+    from verl_async_rm_rig.run_figures import loop_wall, step_offsets
 
     offsets = step_offsets(100.0, [102.5, 104.0, 105.5], [1.2, 1.3, 1.4])
     assert offsets == pytest.approx([2.5, 4.0, 5.5]) and loop_wall(offsets, [1.2, 1.3, 1.4]) == pytest.approx(6.9)

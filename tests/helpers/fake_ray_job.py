@@ -1,8 +1,9 @@
 """A stand-in for verl's entry point on a shared Ray cluster (tests/rig/test_shared_cluster.py): it reads
 the address and the runtime env's variables from the launcher's hydra overrides as verl's driver
 would, connects, starts the rollout server's named actor (``hf_cpu_server_0_0``, the name every run
-uses), waits at its start gate as verl's trainer does, then asks the actor what its process sees and
-writes that as its one metrics line."""
+uses) and one named as TransferQueue names its controller (in the fixed namespace ``transfer_queue``,
+through the CPU backend's patch: tq_namespace.py), waits at its start gate as verl's trainer does, then
+asks both actors what their process sees and writes that as its one metrics line."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import ray
 
 from verl_async_rm_rig.cpu_backend.names import server_actor_name
+from verl_async_rm_rig.cpu_backend.tq_namespace import TQ_NAMESPACE, JobNamespacedActorClass, JobNamespacedRay
 from verl_async_rm_rig.cpu_backend.start_gate import GATE_ENV, wait_at_gate
 
 ADDRESS = "+ray_kwargs.ray_init.address="
@@ -42,8 +44,12 @@ if __name__ == "__main__":
     ray.init(address=address, runtime_env={"env_vars": env_vars})
     probe = Probe.options(name=server_actor_name(0, 0)).remote()
     first = ray.get(probe.seen.remote())
+    # as transfer_queue.interface creates its controller and its clients find it, patched
+    owned = JobNamespacedActorClass(Probe).options(name="TransferQueueController", namespace=TQ_NAMESPACE).remote()  # noqa: F841 (held: an actor whose handles are gone is ended)
     wait_at_gate(os.environ[GATE_ENV])
     seen = ray.get(probe.seen.remote())
     assert seen["pid"] == first["pid"]
+    controller = ray.get(JobNamespacedRay(ray).get_actor("TransferQueueController", namespace=TQ_NAMESPACE).seen.remote())
+    seen["tq_metrics_path"] = controller["metrics_path"]
     with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
         f.write(json.dumps({"step": 1, "data": {"training/global_step": 1, **{f"probe/{k}": v for k, v in seen.items()}}}) + "\n")

@@ -1,7 +1,7 @@
 """One Ray cluster for the demo's lanes (cpu_backend/shared_cluster.py): what a run's workers must be
 told through its runtime env and what it may not change; the launcher's overrides for a run on it;
-and, on a real cluster, two runs that park frozen at their gates, keep their own named actors and
-environment, and leave nothing behind."""
+and, on a real cluster, two runs that park frozen at their gates, keep their own named actors (also
+TransferQueue's, named in a fixed namespace) and environment, and leave nothing behind."""
 
 from __future__ import annotations
 
@@ -79,6 +79,19 @@ def test_base_env_drops_another_clusters_address_and_a_runs_own_settings():
     assert env["KEEP"] == "x" and env["OMP_NUM_THREADS"] == "4" and env["RAY_AUTH_MODE"] == "disabled"
 
 
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _alive(p) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _status(procs) -> set[str]:
     out = set()
     for p in procs:
@@ -98,20 +111,27 @@ def test_two_runs_on_one_cluster_park_frozen_keep_their_own_actors_and_leave_not
         lanes = [RunningTrainer(CPURunConfig(
             out_dir=str(tmp_path / f"run{i}"), model_dir=str(tmp_path), train_file="t.parquet", val_file="v.parquet",
             entry_module="tests.helpers.fake_ray_job", start_gate=True, timeout_s=120, ray_address=cluster.address,
-            extra_env={"PYTHONPATH": str(ROOT)})) for i in range(2)]
+            # the checkout's rig before an installed one: the job imports the CPU backend under test
+            extra_env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "rig")])})) for i in range(2)]
         try:
             park_at_gates(lanes, poll_s=0.05)
             assert all(lane.at_gate and lane.frozen for lane in lanes)
             # each run's named actor lives in a worker of the shared raylet, not under its driver...
             workers = [[p for p in lane.processes() if p.pid != lane.proc.pid] for lane in lanes]
             assert all(workers) and not {p.pid for p in workers[0]} & {p.pid for p in workers[1]}
-            assert all(_status(w) == {psutil.STATUS_STOPPED} for w in workers)  # ...and is frozen with it
+            # ...and is frozen with it. SIGSTOP takes effect when the kernel next schedules a process: on a
+            # loaded machine its status may read "running" for a moment after the signal, so wait for it
+            # (a worker never frozen stays "running" and fails here)
+            _wait_for(lambda: all(_status(w) == {psutil.STATUS_STOPPED} for w in workers))
+            assert all(_status(w) == {psutil.STATUS_STOPPED} for w in workers)
             assert psutil.STATUS_STOPPED not in _status(raylet)  # the shared daemons are not
             results = []
             for lane, its_workers in zip(lanes, workers):
                 lane.open_gate()
                 results.append(lane.wait(poll_s=0.05))
-                assert not any(psutil.pid_exists(p.pid) and p.is_running() for p in its_workers)  # ended with it
+                # ended with it (the shared raylet reaps its killed workers: on a loaded machine, a moment later)
+                _wait_for(lambda: not any(_alive(p) for p in its_workers))
+                assert not any(_alive(p) for p in its_workers)
         finally:
             for lane in lanes:
                 lane.close()
@@ -121,6 +141,9 @@ def test_two_runs_on_one_cluster_park_frozen_keep_their_own_actors_and_leave_not
         seen = result.metrics[0]["data"]
         # the same actor name in both runs, each its own (anonymous namespaces), each with its run's environment
         assert seen["probe/metrics_path"] == lane.metrics_path
+        # and TransferQueue's controller, named in its fixed namespace: each run finds its own, never the
+        # first run's (frozen at its gate while the second trains: verl's v1 runs hung on it)
+        assert seen["probe/tq_metrics_path"] == lane.metrics_path
     assert results[0].metrics[0]["data"]["probe/namespace"] != results[1].metrics[0]["data"]["probe/namespace"]
     deadline = time.monotonic() + 10
     while marked_processes(temp_dir) and time.monotonic() < deadline:
@@ -184,3 +207,27 @@ def test_the_cluster_ends_when_the_process_that_started_it_is_killed():
         parent.kill()
         if temp_dir.startswith("/tmp/vrs"):
             reap_leftovers(temp_dir)
+
+
+@pytest.mark.local
+def test_transfer_queues_named_actors_are_looked_up_and_created_in_the_jobs_own_namespace(monkeypatch):
+    """verl's v1 trainer finds TransferQueue's controller by name in the fixed namespace
+    ``transfer_queue``: the CPU backend's patch makes it each job's, and leaves other namespaces."""
+    import ray
+    import transfer_queue.interface as interface
+
+    from verl_async_rm_rig.cpu_backend import tq_namespace
+
+    assert tq_namespace.install() and tq_namespace.install()  # idempotent: wrapped once
+    assert isinstance(interface.ray, tq_namespace.JobNamespacedRay) and not isinstance(interface.ray._ray, tq_namespace.JobNamespacedRay)
+    assert isinstance(interface.TransferQueueController, tq_namespace.JobNamespacedActorClass)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Context", (), {"get_job_id": lambda self: "03000000"})())
+    looked_up, created = [], []
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: looked_up.append((name, namespace)))
+    interface.ray.get_actor("TransferQueueController", namespace="transfer_queue")
+    interface.ray.get_actor("other", namespace="mine")
+    assert looked_up == [("TransferQueueController", "transfer_queue_03000000"), ("other", "mine")]
+    controller = interface.TransferQueueController._actor_class
+    monkeypatch.setattr(controller, "options", lambda **kw: created.append(kw))
+    interface.TransferQueueController.options(name="TransferQueueController", namespace="transfer_queue")
+    assert created == [{"name": "TransferQueueController", "namespace": "transfer_queue_03000000"}]

@@ -51,6 +51,9 @@ def activate() -> None:
     _patch_value_head_loader()
     _patch_offload_policy_pinning()
     _patch_master_addr_port()
+    from . import tq_namespace
+
+    tq_namespace.install()  # v1's TransferQueue per run on a shared Ray cluster (tq_namespace.py)
     from .start_gate import install_if_requested
 
     install_if_requested()  # the demo's gate between start-up and training (start_gate.py)

@@ -1,6 +1,8 @@
-"""What one end-to-end run's files say, beyond verl's metrics (pure: parsed data in, figures out).
+"""What one end-to-end run's files say, beyond verl's metrics (parsed data in, figures out; the two
+readers of verl's dumps and the judge log are here too).
 
-bench/e2e.py reads the files and hands their contents here:
+bench/e2e.py and the demo (demo.py: its lanes are the benchmark's runs) read the files and hand their
+contents here:
 
 - the step clock (cpu_backend/start_gate.py): each step's wall-clock start, from which the
   training-loop time runs from the start gate to the last step's end, so what a trainer does between
@@ -16,7 +18,9 @@ bench/e2e.py reads the files and hands their contents here:
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from verl_async_rm_rig.cpu_backend.judged_toy import sample_key
@@ -125,6 +129,29 @@ def trained_on_failures(rows: Iterable[dict], outcomes_by_key: dict[str, list[st
         elif key_outcomes and any(o != "ok" for o in key_outcomes):
             figures["ambiguous"] += 1
     return figures
+
+
+def read_dumps(folder: Path) -> dict[int, list[dict]]:
+    """verl's dump folder: step -> its rows. Rows split on "\n" alone: verl writes them with
+    ensure_ascii=False, and a sampled response may hold U+2028, on which str.splitlines also splits."""
+    out = {}
+    for path in folder.glob("*.jsonl") if folder.is_dir() else []:
+        if path.stem.isdigit():
+            out[int(path.stem)] = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """A JSONL log's rows (the judge log), a line cut by a killed writer left out."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().split("\n"):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the empty tail, or a line cut by a killed writer
+    return rows
 
 
 def mean_true_score(rows: Sequence[dict]) -> Optional[float]:
