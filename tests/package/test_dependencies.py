@@ -35,7 +35,6 @@ NOT_IMPORTED = {
     "uvicorn": "verl imports it on the trainer path without declaring it",
     "pyarrow": "pandas' parquet engine, for the CPU backend's toy dataset",
     "pytest-timeout": "a pytest plugin (the suite's `timeout` option)",
-    "pytest-xdist": "a pytest plugin: `pytest -m quick` runs on several processes (tests/conftest.py)",
     "verl-async-rm": "the rig depends on the product",
     "verl-async-rm-rig": "the product's rig extra; the rig's dev pulls in its bench extra",
     "verl": "gpu extras: verl's own pinned GPU extras",
