@@ -108,9 +108,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, call
     with open(calls, "a") as f:
         f.write(solution_str + "\\n")
     with open(calls) as f:
-        if sum(1 for _ in f) == terminate_at:  # a scheduler's SIGTERM, landing in the re-judging loop
-            time.sleep(0.2)
-            os.kill(os.getpid(), signal.SIGTERM)
+        made = sum(1 for _ in f)
+    if made == terminate_at:  # a scheduler's SIGTERM, landing in the re-judging loop
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif terminate_at is not None and terminate_at < made <= terminate_at + 3:
+        # The next calls after the signal are slow, so the main thread (which handles it) gets to run
+        # before the rest are settled, however busy the machine (the outcome is asserted either way).
+        time.sleep(0.5)
     got = int(re.findall(r"<(-?\\d+)>", solution_str)[-1])
     return max(0.0, 1.0 - abs(got - int(ground_truth)) / 4) + bias
 '''
