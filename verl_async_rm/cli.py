@@ -90,11 +90,10 @@ def _terminate_as_interrupt() -> Iterator[_Stop]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _check_outputs(args, verdict_log: Path | None) -> None:
-    """Every path the run writes, checked before the first request is paid for: writable, and no
-    two naming the same file (nor the input)."""
-    named = {"--input": args.input, "--output": args.output, "--summary-json": args.summary_json,
-             "--verdict-log": verdict_log}
+def _check_paths(named: dict, written: tuple[str, ...]) -> None:
+    """Every path a command reads or writes (flag -> path or None), checked before the first request is
+    paid for: no two naming the same file (a run must never append to what it reads), and each of
+    ``written`` writable."""
     seen: dict[str, str] = {}
     for flag, path in named.items():
         if path is None:
@@ -105,10 +104,14 @@ def _check_outputs(args, verdict_log: Path | None) -> None:
         if real in seen:
             raise ValueError(f"{flag} and {seen[real]} name the same file ({path}): name a different one")
         seen[real] = flag
-    for flag in ("--output", "--summary-json"):
-        path = named[flag]
-        if path is not None:
-            check_writable(Path(path), flag)
+    for flag in written:
+        if named[flag] is not None:
+            check_writable(Path(named[flag]), flag)
+
+
+def _check_outputs(args, verdict_log: Path | None) -> None:
+    _check_paths({"--input": args.input, "--output": args.output, "--summary-json": args.summary_json,
+                  "--verdict-log": verdict_log}, written=("--output", "--summary-json"))
 
 
 def _print_summary(summary: dict) -> None:
@@ -229,21 +232,8 @@ def _share(text: str) -> float:
 
 
 def _check_replay_paths(args, replay_log: Path) -> None:
-    """As ``_check_outputs``: every path written checked before the first request, none the same as
-    another or as an input (the replay must never append to the log it reads)."""
-    named = {"--log": args.log, "--input": args.input, "--output": args.output, "--plot": args.plot,
-             "--verdict-log": replay_log}
-    seen: dict[str, str] = {}
-    for flag, path in named.items():
-        if path is None:
-            continue
-        real = os.path.realpath(path)
-        if real in seen:
-            raise ValueError(f"{flag} and {seen[real]} name the same file ({path}): name a different one")
-        seen[real] = flag
-    for flag in ("--output", "--plot", "--verdict-log"):
-        if named[flag] is not None:
-            check_writable(Path(named[flag]), flag)
+    _check_paths({"--log": args.log, "--input": args.input, "--output": args.output, "--plot": args.plot,
+                  "--verdict-log": replay_log}, written=("--output", "--plot", "--verdict-log"))
     if args.plot is not None:
         from verl_async_rm.replay_plot import check_can_plot
 

@@ -11,8 +11,9 @@ of its start-up; these were three fixtures and a test, each starting its trainer
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
+
+from tests.helpers.trainer_queue import QueuedRun, run_queue
 
 V0_TIMEOUT_S = 420.0
 # colocate_async (test_cpu_async_trainer.py)
@@ -55,26 +56,6 @@ def run_all(tmp_path_factory) -> dict:
     from verl_async_rm_rig.cpu_backend.launch import start
 
     jobs = configs(tmp_path_factory)
-    waiting, alive, results = dict(jobs), {}, {}
-    try:
-        while waiting or alive:
-            for name in list(waiting):
-                if len(alive) >= 2:
-                    break
-                cfg, after = waiting[name]
-                if after is not None and after not in results:
-                    continue
-                del waiting[name]
-                if after is not None and not (results[after] and results[after].ok):
-                    results[name] = None
-                    continue
-                alive[name] = start(cfg, progress=False)
-            for name in [n for n, running in alive.items() if running.poll()]:
-                running = alive.pop(name)
-                running.close()
-                results[name] = running.result()
-            time.sleep(0.5)
-    finally:
-        for running in alive.values():
-            running.close()
+    results = run_queue({name: QueuedRun(lambda cfg=cfg: cfg, after) for name, (cfg, after) in jobs.items()},
+                        lambda cfg: start(cfg, progress=False))
     return {name: (cfg, results[name]) for name, (cfg, _) in jobs.items()}

@@ -24,12 +24,12 @@ past the run's end (the 634 s step of issue 45)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.helpers import session_probe
 from tests.helpers.rollout_dump import dump_rows
+from tests.helpers.trainer_queue import QueuedRun, run_queue
 
 CAP, RPM, N, PROMPTS = 2, 600, 4, 8
 RUNS = {"sync": 2, "colocate_async": 3}  # mode -> steps
@@ -105,20 +105,10 @@ def run_all(tmp_path_factory) -> dict:
             return budget_config(outs[name], assets, loops, data, servers[name].base_url)
         return run_config(outs[name], assets, loops, data, servers[name].base_url, name, legacy=name == LEGACY)
 
-    waiting, alive, results = list(names), {}, {}
     try:
-        while waiting or alive:
-            while waiting and len(alive) < 2:
-                name = waiting.pop(0)
-                alive[name] = start(config(name), progress=False)
-            for name in [n for n, running in alive.items() if running.poll()]:
-                running = alive.pop(name)
-                running.close()
-                results[name] = running.result()
-            time.sleep(0.5)
+        results = run_queue({name: QueuedRun(lambda name=name: config(name)) for name in names},
+                            lambda cfg: start(cfg, progress=False))
     finally:
-        for running in alive.values():
-            running.close()
         stats = {name: server.stats() for name, server in servers.items()}
         for server in servers.values():
             server.close()

@@ -26,7 +26,6 @@ ended, every one through the light driver (LIGHT_DRIVER).
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 
 from tests.conftest import HELPERS, ROOT
 from tests.helpers import multi_output_loop
+from tests.helpers.trainer_queue import QueuedRun, run_queue
 from tests.helpers.rollout_dump import dump_rows
 from tests.helpers.seam_reward import fails
 from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
@@ -169,42 +169,14 @@ def run_config(out_dir: Path, assets: dict, trainer: str, mode: str, *overrides:
 
 
 def train_together(jobs: dict, assets: dict, at_once: int = RUNS_AT_ONCE) -> dict:
-    """Run ``jobs`` (key -> (out_dir, trainer, mode, overrides, after, alone)), ``at_once`` trainers
-    alive at a time, each started once the run it resumes (``after``, a key, or None) has ended, in
-    the dict's order otherwise, an ``alone`` one with no other trainer alive (nothing else starts
-    while it waits for the others to end, or trains); returns key -> its RunResult (None: not
-    started, its ``after`` failed). Why: a run spends most of its minute starting up (Ray, a dozen
-    worker processes importing verl), which leaves a core idle; two at once fill it (the strategy
-    runs: 599 s one at a time, 388-417 s two at a time, 387 s three at a time on 2 cores). A failed
-    run does not stop the others: the tests that read it fail (:func:`finished`). Every run started
-    is closed, whatever happens."""
-    waiting = dict(jobs)
-    alive: dict[Any, Any] = {}
-    results: dict[Any, Any] = {}
-    try:
-        while waiting or alive:
-            for key in list(waiting):
-                if len(alive) >= at_once or any(jobs[k][5] for k in alive):
-                    break
-                out_dir, trainer, mode, overrides, after, alone = waiting[key]
-                if after is not None and after not in results:
-                    continue  # the run it resumes is still training
-                if alone and alive:
-                    break  # the others end first
-                del waiting[key]
-                if after is not None and not (results[after] and results[after].ok):
-                    results[key] = None
-                    continue
-                alive[key] = start(run_config(out_dir, assets, trainer, mode, *overrides), progress=False)
-            for key in [k for k, running in alive.items() if running.poll()]:
-                running = alive.pop(key)
-                running.close()
-                results[key] = running.result()
-            time.sleep(0.5)
-    finally:
-        for running in alive.values():
-            running.close()
-    return results
+    """Run ``jobs`` (key -> (out_dir, trainer, mode, overrides, after, alone)) in one queue of trainers
+    (tests/helpers/trainer_queue.py: ``at_once`` alive, a resume after its run, an ``alone`` one with no
+    other alive); returns key -> its RunResult (None: not started, its ``after`` failed). A failed run
+    does not stop the others: the tests that read it fail (:func:`finished`)."""
+    return run_queue({key: QueuedRun(lambda out_dir=out_dir, trainer=trainer, mode=mode, overrides=overrides:
+                                     run_config(out_dir, assets, trainer, mode, *overrides), after, alone)
+                      for key, (out_dir, trainer, mode, overrides, after, alone) in jobs.items()},
+                     lambda cfg: start(cfg, progress=False), at_once=at_once)
 
 
 def finished(trained: dict, key) -> tuple[Path, Any]:
