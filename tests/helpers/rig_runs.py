@@ -18,11 +18,16 @@ from tests.helpers.trainer_queue import QueuedRun, run_queue
 V0_TIMEOUT_S = 420.0
 # colocate_async (test_cpu_async_trainer.py)
 BATCH, N, RESPONSE = 8, 4, 16
-# Per token: a batch of 8-16 tokens then takes 0.4-0.8 s, so the batch submitted at a step is still
-# generating when that step samples the one before (the sample follows it by a poll and a few
-# TransferQueue reads, ~0.1 s), even on a loaded machine; the tiny model's own ~1 ms would finish first.
+# Per token: a batch of 8-16 tokens then takes 0.4-0.8 s, so a batch is still generating when a step
+# samples the one before (the sample follows it by a poll and a few TransferQueue reads, ~0.1 s); the
+# tiny model's own ~1 ms would finish first.
 DECODE_S = 0.05
-ASYNC_STEPS = {"partial": 4, "stale": 3}
+# Each weight update takes this long, as a GPU's does: verl's client re-sends an aborted request 1 s
+# after its abort, and with the CPU step's ~0.3 s and no sync time the next step's fresh batch was
+# queued first and overtook the resumed requests at every sample (no trajectory spanning two
+# versions trained in 4 steps; names.WEIGHT_SYNC_S_ENV).
+WEIGHT_SYNC_S = 1.5
+ASYNC_STEPS = {"partial": 5, "stale": 3}
 ASYNC_FLAGS = {"partial": [], "stale": ["trainer.v1.sampler.max_off_policy_threshold=1",
                                         "trainer.v1.sampler.max_off_policy_strategy=drop"]}
 
@@ -45,6 +50,7 @@ def configs(tmp_path_factory) -> dict:
             out_dir=str(folder), trainer="v1", steps=ASYNC_STEPS[name], model_dir=assets.model_dir,
             train_file=assets.train_file, val_file=assets.val_file, train_batch_size=BATCH, rollout_n=N,
             response_length=RESPONSE, val_before_train=False, v1_poll_interval_s=0.05, decode_s=DECODE_S,
+            weight_sync_s=WEIGHT_SYNC_S if name == "partial" else 0.0,
             timeout_s=600, extra_overrides=["trainer.v1.trainer_mode=colocate_async",
                                             f"trainer.rollout_data_dir={Path(folder) / 'rollouts'}", *ASYNC_FLAGS[name]],
         ), None)

@@ -165,3 +165,15 @@ def test_a_real_build_in_a_run_keeps_torchs_generator(tmp_path, monkeypatch):
     mine = AutoModelForCausalLM.from_pretrained(paths.model_dir).state_dict()
     theirs = AutoModelForCausalLM.from_pretrained(own.model_dir).state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("field", ["decode_s", "weight_sync_s"])
+def test_simulated_gpu_times_reach_the_replicas_and_negative_ones_are_refused(tmp_path, field):
+    from verl_async_rm_rig.cpu_backend.names import DECODE_S_ENV, WEIGHT_SYNC_S_ENV
+
+    env_key = {"decode_s": DECODE_S_ENV, "weight_sync_s": WEIGHT_SYNC_S_ENV}[field]
+    assert env_key not in build_env(CPURunConfig(out_dir=str(tmp_path)), "m.jsonl")  # 0: the tiny model's own pace
+    assert float(build_env(CPURunConfig(out_dir=str(tmp_path), **{field: 1.5}), "m.jsonl")[env_key]) == 1.5
+    with pytest.raises(ValueError, match=field):
+        build_env(CPURunConfig(out_dir=str(tmp_path), **{field: -0.1}), "m.jsonl")

@@ -6,9 +6,10 @@ what trains and what is dropped as stale.
 Two short runs, two at a time with the rig's other trainers (tests/helpers/rig_runs.py; each ~1 min
 on 2 cores, most of it start-up):
 
-* ``partial``: 4 steps with a simulated GPU decode time, so that the next batch is still generating
-  when a step samples: its requests are aborted and resumed, and reach training spanning two weight
-  versions (verl's ``trajectory_spans``);
+* ``partial``: 5 steps with a simulated GPU decode time, so that the next batch is still generating
+  when a step samples, and a simulated GPU weight-sync time, so that the aborted requests are re-sent
+  before the next batch: they are resumed and reach training spanning two weight versions (verl's
+  ``trajectory_spans``);
 * ``stale``: ``max_off_policy_threshold=1`` with ``drop``: every group finished under an earlier step is
   dropped (and refilled) instead of trained.
 
@@ -85,7 +86,9 @@ def test_requests_running_at_a_sample_are_aborted_resumed_and_trained_across_two
     updates = [e["time"] for e in events if e["event"] == "update_weights"]
     assert all(any(u < e["time"] for u in updates[1:]) for e in resumed)
     # verl's own account: trajectories generated across two weight versions reached training
-    assert max(per_step(result, "training/off_policy/trajectory_spans/max")) == 2
+    spans = per_step(result, "training/off_policy/trajectory_spans/max")
+    timeline = [(e["event"], e.get("global_steps"), e.get("aborted")) for e in events if e["event"] != "resumed"]
+    assert max(spans) == 2, f"spans per step {spans}; replica timeline {timeline}"
     assert sum(per_step(result, "training/off_policy/evicted_samples")) == 0  # threshold 8: nothing stale
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from . import ENV_FLAG, TMP_DIR_ENV, router
-from .names import DECODE_S_ENV, LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME
+from .names import DECODE_S_ENV, LIGHT_DRIVER_ENV, NO_WEIGHT_SYNC_ENV, REPLICA_LOG_ENV, ROLLOUT_NAME, WEIGHT_SYNC_S_ENV
 from .assets import ASSETS_ENV, asset_paths, build_assets_once
 from .finish_marker import FINISHED_ENV
 from .processes import kill_tree, reap_leftovers, run_processes, signal_run
@@ -85,6 +85,8 @@ class CPURunConfig:
     # speed). verl's colocate_async aborts the requests still generating at each step's sample: with
     # the tiny model's ~1 ms a token almost none are, with a GPU's 10-50 ms many are.
     decode_s: float = 0.0
+    # Seconds of simulated time per weight update (names.WEIGHT_SYNC_S_ENV; 0: the tiny model's ~1 ms).
+    weight_sync_s: float = 0.0
     # Wait after the validation before step 1 until RunningTrainer.open_gate() (start_gate.py): lets
     # several runs start up together and then train one at a time (the demo).
     start_gate: bool = False
@@ -377,6 +379,10 @@ def build_env(cfg: CPURunConfig, metrics_path: str, tmp_dir: Optional[str] = Non
         raise ValueError(f"decode_s must be >= 0 seconds per token, got {cfg.decode_s}")
     if cfg.decode_s:
         env[DECODE_S_ENV] = repr(float(cfg.decode_s))
+    if cfg.weight_sync_s < 0:
+        raise ValueError(f"weight_sync_s must be >= 0 seconds, got {cfg.weight_sync_s}")
+    if cfg.weight_sync_s:
+        env[WEIGHT_SYNC_S_ENV] = repr(float(cfg.weight_sync_s))
     if not cfg.weight_sync:
         env[NO_WEIGHT_SYNC_ENV] = "1"
     if cfg.light_driver:

@@ -9,6 +9,11 @@ REPLICA_LOG_ENV = "VERL_ASYNC_RM_CPU_REPLICA_LOG"
 # Seconds of simulated decode time per generated token (a GPU's), so that responses of different
 # lengths finish at different times as on real hardware (default 0: the tiny model's own speed).
 DECODE_S_ENV = "VERL_ASYNC_RM_CPU_DECODE_S"
+# Seconds each weight update takes (a GPU's weight sync takes seconds; the tiny model's ~1 ms). verl's
+# FullyAsyncLLMServerClient waits 1 s before re-sending an aborted request: when the step and its
+# update take less, the next step's fresh batch is queued before the resumed requests and overtakes
+# them, step after step, which a GPU trainer's step never lets happen.
+WEIGHT_SYNC_S_ENV = "VERL_ASYNC_RM_CPU_WEIGHT_SYNC_S"
 # When set ("1"), every sampled request draws its tokens and length from a generator of its own,
 # seeded by (seed, prompt, sampling parameters, how often this server sampled that prompt), and is
 # still batched with the others. Two runs that sample the same prompt then draw the same random

@@ -55,7 +55,7 @@ from typing import Any, Optional
 
 import torch
 
-from .names import DECODE_S_ENV, PAIRED_DRAWS_ENV, REPLICA_LOG_ENV
+from .names import DECODE_S_ENV, PAIRED_DRAWS_ENV, REPLICA_LOG_ENV, WEIGHT_SYNC_S_ENV
 from .token_output import GeneratedTokens
 
 logger = logging.getLogger(__name__)
@@ -293,6 +293,7 @@ class HFCPUServer:
         self.paired_draws = os.environ.get(PAIRED_DRAWS_ENV) == "1"
         self._prompt_draws: dict[tuple, int] = {}  # paired draws: (prompt, sampling key) -> times sampled
         self.decode_s = float(os.environ.get(DECODE_S_ENV) or 0.0)
+        self.weight_sync_s = float(os.environ.get(WEIGHT_SYNC_S_ENV) or 0.0)
         self._log_path = os.environ.get(REPLICA_LOG_ENV) or None
 
     def _log(self, event: str, **fields) -> None:
@@ -500,6 +501,8 @@ class HFCPUServer:
             if unexpected:
                 raise KeyError(f"weight update has unknown tensors {sorted(unexpected)[:5]}")
             self.model.load_state_dict(state_dict, strict=False)
+            if self.weight_sync_s:
+                await asyncio.sleep(self.weight_sync_s)  # a simulated GPU weight sync (names.WEIGHT_SYNC_S_ENV)
             if global_steps is not None:
                 self.global_steps = global_steps
             self.weight_updates += 1
