@@ -8,7 +8,11 @@
 
 Verbs: ``submit(items, group_size) -> ticket``, ``get(ticket, n, timeout)`` (whole groups, in
 completion order), ``cancel``, ``remaining``, ``metrics``, ``score_in_group`` (one sample at a
-time, answered with its group), ``close``.
+time, answered with its group), ``close``. ``submit`` and ``open_ticket`` take two hints for
+``admission_order: deadline`` (which queued request starts first when the judge's throughput
+binds; ignored under the default ``fifo``): ``validation=True`` ranks the ticket after training
+tickets, and ``ranks`` (``submit`` only, one integer per item) orders samples within the ticket,
+smaller first, e.g. by the mini-batch that needs them first (``engine/admission_order.py``).
 
 Nothing is lost between the engine and a caller: a ``get`` that times out, is cancelled or is
 interrupted consumes nothing; groups handed over at that very moment are put back, in order.
@@ -17,10 +21,11 @@ interrupted consumes nothing; groups handed over at that very moment are put bac
 from __future__ import annotations
 
 import asyncio
+import functools
 import pickle
 import threading
 import warnings
-from typing import Any, Callable, Hashable, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from verl_async_rm import log_redaction
 from verl_async_rm.config import AgentConfig
@@ -129,11 +134,12 @@ class AsyncRewardAgent:
         log_redaction.acquire()  # credentials in a judge's base_url stay out of httpx's logs while it runs
         self._redacting = True
 
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
-        return self.engine.submit(as_batch(items), group_size)
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1, *,
+               validation: bool = False, ranks: Sequence[int] | None = None) -> str:
+        return self.engine.submit(as_batch(items), group_size, validation=validation, ranks=ranks)
 
-    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
-        return self.engine.open_ticket(group_size)
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1, *, validation: bool = False) -> str:
+        return self.engine.open_ticket(group_size, validation=validation)
 
     def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:
         self.engine.add(ticket, as_batch(items))
@@ -246,15 +252,20 @@ class RewardAgent:
         return cls(load_reward(path, name, dict(reward_kwargs or {})), config, token_estimator=token_estimator)
 
     # -- the API ----------------------------------------------------------------------------------
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1, *,
+               validation: bool = False, ranks: Sequence[int] | None = None) -> str:
         """Start scoring a batch; returns a ticket at once. Bad input raises here, not later.
-        ``group_size``: one size for every uid, or a mapping uid -> size."""
-        return self._call(self._engine.submit, as_batch(items), group_size)
+        ``group_size``: one size for every uid, or a mapping uid -> size. Under ``admission_order:
+        deadline``, ``validation=True`` ranks the batch after training batches, and ``ranks`` (one
+        integer per item) orders its samples, smaller first."""
+        return self._call(functools.partial(self._engine.submit, validation=validation, ranks=ranks), as_batch(items),
+                          group_size)
 
-    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1, *, validation: bool = False) -> str:
         """A ticket whose samples come later (``add``, e.g. each rollout as it finishes) until
-        ``close_ticket``. Its groups are handed out by ``get`` as they complete."""
-        return self._call(self._engine.open_ticket, group_size)
+        ``close_ticket``. Its groups are handed out by ``get`` as they complete. ``validation``: as
+        for ``submit``; its age in the admission order counts from now."""
+        return self._call(functools.partial(self._engine.open_ticket, validation=validation), group_size)
 
     def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:
         """More samples of an open ticket (indices unique within the ticket); they start at once."""

@@ -4,17 +4,19 @@ agent (the verl reward manager, the trainer strategies, the CLI) is written agai
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Mapping, Protocol
+from typing import Hashable, Iterable, Mapping, Protocol, Sequence
 
 from verl_async_rm.items import RewardItem
 from verl_async_rm.outcomes import ScoredChunk
 
 
 class RewardClient(Protocol):
-    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1) -> str:
-        """Start scoring a batch; a ticket, at once (group sizes: one, or per uid)."""
+    def submit(self, items: Iterable[RewardItem | Mapping], group_size: int | Mapping[Hashable, int] = 1, *,
+               validation: bool = False, ranks: Sequence[int] | None = None) -> str:
+        """Start scoring a batch; a ticket, at once (group sizes: one, or per uid). ``validation`` and
+        ``ranks`` (one per item, smaller first) order admission under ``admission_order: deadline``."""
 
-    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1) -> str:
+    def open_ticket(self, group_size: int | Mapping[Hashable, int] = 1, *, validation: bool = False) -> str:
         """A ticket whose samples come later, by ``add``, until ``close_ticket``."""
 
     def add(self, ticket: str, items: Iterable[RewardItem | Mapping]) -> None:

@@ -76,6 +76,15 @@ class AgentConfig(BaseModel):
     max_throttled_s: float | None = Field(
         600.0, gt=0, description="fail loudly when every answer has been a 429/503 for this long; None = wait forever"
     )
+    admission_order: Literal["fifo", "deadline"] = Field(
+        "fifo", description="which queued request starts first when the judge's throughput binds: 'fifo', or "
+        "'deadline': what the trainer needs first (training before validation, the older ticket, the caller's rank, "
+        "the group closest to completion; engine/admission_order.py)"
+    )
+    max_passover_s: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="admission_order='deadline': a request queued this long is "
+        "promoted, so none is passed over for longer (its wait is then FIFO's)"
+    )
     cache: bool = Field(False, description="score identical requests once per run (judges are stochastic: off by default)")
     cache_size: int = Field(100_000, ge=1)
     shared_limits: SharedLimitsConfig | None = Field(

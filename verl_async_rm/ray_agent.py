@@ -89,11 +89,11 @@ class RewardAgentActor:
         self._ensure()  # a reward that cannot load fails here, at connect time
         return self._fingerprint
 
-    async def submit(self, items: list, group_size: int = 1) -> str:
-        return self._ensure().submit(items, group_size)
+    async def submit(self, items: list, group_size: int = 1, validation: bool = False, ranks: list | None = None) -> str:
+        return self._ensure().submit(items, group_size, validation=validation, ranks=ranks)
 
-    async def open_ticket(self, group_size=1) -> str:
-        return self._ensure().open_ticket(group_size)
+    async def open_ticket(self, group_size=1, validation: bool = False) -> str:
+        return self._ensure().open_ticket(group_size, validation=validation)
 
     async def add(self, ticket: str, items: list) -> None:
         self._ensure().add(ticket, items)
@@ -157,15 +157,16 @@ class RayRewardClient:
         self._waiting: dict[int, asyncio.Future] = {}
         self._receiver: asyncio.Task | None = None
 
-    def submit(self, items: list, group_size: int = 1) -> str:
+    def submit(self, items: list, group_size: int = 1, *, validation: bool = False, ranks: list | None = None) -> str:
         import ray
 
-        return ray.get(self.actor.submit.remote(list(items), group_size))
+        return ray.get(self.actor.submit.remote(list(items), group_size, validation,
+                                                None if ranks is None else list(ranks)))
 
-    def open_ticket(self, group_size=1) -> str:
+    def open_ticket(self, group_size=1, *, validation: bool = False) -> str:
         import ray
 
-        return ray.get(self.actor.open_ticket.remote(group_size))
+        return ray.get(self.actor.open_ticket.remote(group_size, validation))
 
     def add(self, ticket: str, items: list) -> None:
         import ray

@@ -35,6 +35,10 @@ def sync_reward(data_source, solution_str, ground_truth, extra_info=None):
         ({"request_timeout": 0}, "request_timeout"),
         ({"cache_size": 0}, "cache_size"),
         ({"max_concurency": 8}, "max_concurency"),  # typo: unknown keys are refused
+        ({"admission_order": "lifo"}, "admission_order: Input should be 'fifo' or 'deadline'"),
+        ({"max_passover_s": 0}, "max_passover_s: Input should be greater than 0"),
+        ({"max_passover_s": float("inf")}, "max_passover_s: Input should be a finite number"),
+        ({"max_passover_s": "soon"}, "max_passover_s"),
     ],
 )
 def test_bad_settings_fail_when_the_agent_is_built(settings, match):

@@ -9,6 +9,8 @@ The parts, each in its own module:
 - ``stream.py``: the per-sample path, one sample at a time, each answered with its group;
 - ``resolution.py``: a settled group becomes scores (failure policy, then the group hook);
 - ``judge_ops.py``: the verdict log and the judge budget;
+- ``admission_order.py``: with ``admission_order: deadline``, the pipeline's queue ranked by what the
+  trainer needs first (older tickets, training before validation), starvation-free;
 - ``ledger.py``, ``budget.py``: groups and failure budgets (pure book-keeping).
 
 What stays here:
@@ -37,12 +39,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import logging
 import secrets
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Mapping, Sequence
 
 from verl_async_rm.cache import ResultCache
 from verl_async_rm.config import AgentConfig
+from verl_async_rm.engine.admission_order import RankedQueue
 from verl_async_rm.engine.budget import RecentFailures
 from verl_async_rm.engine.executors import executor_for
 from verl_async_rm.engine.flow import FlowControl, FlowSettings
@@ -118,6 +122,9 @@ class ScoringEngine:
             meters = rate_meters(config.requests_per_minute, config.tokens_per_minute, token_estimate)
         if spend.limited:
             meters.append(spend)
+        # Tickets and the stream's groups, numbered as they open: the ranked admission order serves
+        # the older first (the step the trainer blocks on next).
+        self.openings = itertools.count()
         self.pipeline = RequestPipeline(
             loop=loop,
             calls=calls,
@@ -134,6 +141,7 @@ class ScoringEngine:
             cache=ResultCache(config.cache_size) if config.cache else None,
             spend=spend,
             answer_early=functools.partial(self.verdicts.answer_from_log, settle=self.settle) if self.verdicts else None,
+            queue=RankedQueue(loop.time, config.max_passover_s) if config.admission_order == "deadline" else None,
         )
         if self.shared is not None:
             self.shared.bind(self.pipeline)
@@ -144,11 +152,12 @@ class ScoringEngine:
         self.closed: BaseException | None = None
 
     # -- tickets (tickets.py) -------------------------------------------------------------------------
-    def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int]) -> str:
-        return self.book.submit(items, group_size)
+    def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int], *, validation: bool = False,
+               ranks: Sequence[int] | None = None) -> str:
+        return self.book.submit(items, group_size, validation=validation, ranks=ranks)
 
-    def open_ticket(self, group_size: int | Mapping[Hashable, int]) -> str:
-        return self.book.open(group_size)
+    def open_ticket(self, group_size: int | Mapping[Hashable, int], *, validation: bool = False) -> str:
+        return self.book.open(group_size, validation=validation)
 
     def add(self, ticket: str, items: list[RewardItem]) -> None:
         self.book.add(ticket, items)

@@ -81,6 +81,10 @@ class GroupCall(Sample):
     def scored(self, value: Any) -> Outcome:
         return GroupScored(normalize_group_verdicts(value, len(self.members), self.where), self.attempts + 1)
 
+    def admission_rank(self) -> tuple:
+        """Its group's rank: its first member's (engine/admission_order.py)."""
+        return self.members[0].admission_rank()
+
     def unsendable(self) -> str | None:
         """One member no request can carry makes the whole call unsendable (it sends them all)."""
         for member in self.members:

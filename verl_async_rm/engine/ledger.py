@@ -83,6 +83,15 @@ class Group:
     def is_settled(self, member: int) -> bool:
         return member in self.outcomes or self.rest is not None
 
+    @property
+    def unsettled(self) -> int:
+        """Members without an outcome, those still to join an open group included: how far the group
+        is from being handed over (the admission order serves the closest first)."""
+        if self.rest is not None:
+            return 0
+        size = len(self.members) if self.closed else max(self.expected, len(self.members))
+        return size - len(self.outcomes)
+
     def settled(self) -> SettledGroup:
         if self.rest is None:
             return SettledGroup(self.key, list(self.members), [self.outcomes[m] for m in self.members])

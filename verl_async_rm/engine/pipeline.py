@@ -7,10 +7,13 @@ A sample is plain data while it waits; it is an *attempt* only while a call for 
       |                     '--retryable error--> waiting (a timer) --> queued
       '-- abandoned from any state by the engine (deadline, ticket cancel, close): no outcome here
 
-Admission is one pump over one FIFO queue: a sample starts when every meter allows it (a
+Admission is one pump over one queue: a sample starts when every meter allows it (a
 concurrency slot, the flow control, the rate limits, the judge budget: ``meters.py``); otherwise
 one timer (or the next freed slot) wakes the pump. So 40,000 queued samples cost 40,000 small
-records, not 40,000 parked coroutines, and dropping them is O(1) each.
+records, not 40,000 parked coroutines, and dropping them is O(1) each. The queue is a FIFO deque
+(``admission_order: fifo``, the default), or, with ``admission_order: deadline``, a queue with the
+deque's verbs that puts first what the trainer needs first (``admission_order.RankedQueue``): the
+pump is the same code over either, and the deque pays nothing for the other.
 
 An attempt is driven by what the executor started: a thread or process call's future reports back
 through its done callback (no task at all), a coroutine runs in one task. Timeouts need no timer
@@ -64,8 +67,10 @@ class Sample:
     """One request's state. ``owner`` is the engine's (its ticket or stream member), and names the
     sample in error messages (``owner.describe(item)``, only called on error)."""
 
+    # ``ranked_as`` and ``queue_entry`` belong to the ranked admission queue (engine/admission_order.py)
+    # and are never stored under FIFO: they stay unset, at no cost per sample.
     __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key",
-                 "group_call", "reservation", "log_key", "tokens", "input_estimate")
+                 "group_call", "reservation", "log_key", "tokens", "input_estimate", "ranked_as", "queue_entry")
 
     def __init__(self, item: RewardItem, owner: Any):
         self.item = item
@@ -94,6 +99,12 @@ class Sample:
     def unsendable(self) -> str | None:
         """Why this request cannot be sent at all (``items.unsendable_text``), or None."""
         return unsendable_text(self.item)
+
+    def admission_rank(self) -> tuple:
+        """Where its owner ranks it under ``admission_order: deadline`` (engine/admission_order.py):
+        (validation, the ticket's or stream group's opening number, the caller's rank, unsettled
+        members of its group)."""
+        return self.owner.admission_rank(self.item)
 
 
 @dataclass(frozen=True)
@@ -142,9 +153,12 @@ class RequestPipeline:
         cache: ResultCache | None = None,
         spend: Spending | None = None,
         answer_early: Callable[[list[Sample]], list[Sample]] | None = None,
+        queue: Any = None,
     ):
         """Admission asks the concurrency cap (``max_concurrency``: slots held until a call really
-        ends) and the flow control (its answers come from here) first, then ``meters``, in order."""
+        ends) and the flow control (its answers come from here) first, then ``meters``, in order.
+        ``queue``: the admission queue when it is ranked (``admission_order: deadline``: the engine
+        gives an ``admission_order.RankedQueue``, which has the deque's verbs); None: a FIFO deque."""
         self.loop = loop
         self.calls = calls
         self.slots = ConcurrencyCap(max_concurrency)
@@ -169,7 +183,7 @@ class RequestPipeline:
         self.spend = spend
         self.budgeted = spend is not None and spend.limited
         self.answer_early = answer_early
-        self.queue: deque[Sample] = deque()
+        self.queue: deque[Sample] = deque() if queue is None else queue  # or a RankedQueue: the same verbs
         self.hung_now = 0  # declared hung and not returned yet
         self.tasks: dict[asyncio.Task, Attempt] = {}  # coroutine attempts (stuck ones too, until they end)
         self._timeouts: deque[tuple[float, Attempt]] = deque()  # (deadline, attempt), in start order
@@ -553,7 +567,8 @@ class RequestPipeline:
                 )
                 return
             sample.state = QUEUED
-            self.queue.appendleft(sample)  # flow control, not failure: first in line once the pause ends
+            # flow control, not failure: first in line once the pause ends (ranked: at its own rank)
+            self.queue.appendleft(sample)
             return
         self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
         sample.attempts += 1
@@ -576,7 +591,7 @@ class RequestPipeline:
         sample.timer = None
         if sample.state == WAITING:
             sample.state = QUEUED
-            self.queue.append(sample)
+            self.queue.append(sample)  # at the back (ranked: at its own rank)
             self.pump()
 
     def _finish(self, sample: Sample, outcome: Outcome) -> None:

@@ -41,12 +41,13 @@ class StreamStatistics:
 class StreamMember:
     """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
 
-    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial")
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial", "opening")
 
     def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float,
-                 serial: str = ""):
+                 serial: str = "", opening: int = 0):
         self.label = label  # the reward's, for error messages
         self.group = group
+        self.opening = opening  # its group's number in the engine's count of tickets and groups as they opened
         self.position = position
         self.answer = answer  # answer((score, extra)) or answer(exception)
         self.arrived_at = arrived_at
@@ -63,6 +64,11 @@ class StreamMember:
         """What the verdict log records of it: latency, ticket (none), uid, sample id."""
         kind, uid = self.group.key[:2]
         return now - self.arrived_at, None, uid if kind == "uid" else None, self.serial
+
+    def admission_rank(self, item: RewardItem) -> tuple[bool, int, int, int]:
+        """Where it ranks under ``admission_order: deadline`` (engine/admission_order.py): as a
+        training sample (the per-sample path does not say otherwise) of a ticket opened with its group."""
+        return False, self.opening, 0, self.group.unsettled
 
 
 class SampleStream:
@@ -107,8 +113,11 @@ class SampleStream:
                 "group %r got a member after group_wait (%ss) had closed it short of %d samples: the wait is "
                 "shorter than the spread of its generation times; it continues as a new group", uid, group_wait, group_size,
             )
-        member = StreamMember(self.reward.label, group, position, answer, now, f"{self.engine.id}/s{next(self._numbers)}")
-        self.members.setdefault(group, []).append(member)
+        members = self.members.setdefault(group, [])
+        opening = members[0].opening if members else next(self.engine.openings)
+        member = StreamMember(self.reward.label, group, position, answer, now, f"{self.engine.id}/s{next(self._numbers)}",
+                              opening)
+        members.append(member)
         wait = self.waits.pop(group, None)
         if wait is not None:
             wait.cancel()

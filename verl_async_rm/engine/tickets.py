@@ -2,7 +2,9 @@
 ``close``) to the hand-over of its last group, a cancel, its deadline, or its failure.
 
 - **Submit** builds the ticket's group ledger (``engine/ledger.py``) and enqueues its samples (a
-  group judge: one call per group whose membership is final); bad input raises there, at once.
+  group judge: one call per group whose membership is final); bad input raises there, at once. What
+  ranks its samples under ``admission_order: deadline`` comes with it: its opening number, whether
+  it is validation, the caller's ranks (``TicketRun.admission_rank``, ``engine/admission_order.py``).
 - **Settled samples** come from the engine's one settle path (``settled``): charged to the
   ticket's failure budget, recorded in its ledger; a settled group is resolved (failure policy,
   group hook: ``engine/resolution.py``) and lands in the ticket's ready queue.
@@ -23,8 +25,9 @@ import functools
 import itertools
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Hashable, Mapping
+from typing import Hashable, Mapping, Sequence
 
+from verl_async_rm.engine.admission_order import caller_ranks
 from verl_async_rm.engine.budget import TicketBudget
 from verl_async_rm.engine.group_judge import GroupCall, GroupCallOwner
 from verl_async_rm.engine.ledger import GroupResult, SettledGroup, TicketLedger, UniformGroups
@@ -46,10 +49,14 @@ class TicketStatistics:
 class TicketRun:
     """The live state of one submitted batch."""
 
-    def __init__(self, ticket: str, label: str, ledger: TicketLedger, submitted_at: float, budget: TicketBudget):
+    def __init__(self, ticket: str, label: str, ledger: TicketLedger, submitted_at: float, budget: TicketBudget,
+                 opening: int, validation: bool = False, ranks: dict[int, int] | None = None):
         self.ticket = ticket
         self.label = label  # the reward's, for error messages
         self.ledger = ledger
+        self.opening = opening  # the engine's count of tickets and streamed groups as they opened
+        self.validation = validation
+        self.ranks = ranks  # the caller's rank of each sample, by index (None: all alike)
         self.samples: dict[int, Sample] = {}
         self.submitted_at = submitted_at
         self.budget = budget
@@ -69,6 +76,11 @@ class TicketRun:
         """What the verdict log records of one of its samples: latency, ticket, uid, sample id."""
         return now - self.submitted_at, self.ticket, item.uid, f"{self.ticket}/{item.index}"
 
+    def admission_rank(self, item: RewardItem) -> tuple[bool, int, int, int]:
+        """Where one of its samples ranks under ``admission_order: deadline`` (engine/admission_order.py)."""
+        rank = self.ranks.get(item.index, 0) if self.ranks else 0
+        return self.validation, self.opening, rank, self.ledger.group_of(item.index).unsettled
+
 
 class TicketBook:
     """The engine's tickets: ``runs`` (open ones, by id) and ``finished`` (retired ids)."""
@@ -85,21 +97,23 @@ class TicketBook:
         self._numbers = itertools.count()
 
     # -- submit, open, add, close ---------------------------------------------------------------------
-    def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int]) -> str:
-        """Start scoring a batch; returns its ticket at once. Bad input raises here."""
+    def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int], *, validation: bool = False,
+               ranks: Sequence[int] | None = None) -> str:
+        """Start scoring a batch; returns its ticket at once. Bad input raises here. ``validation``
+        and ``ranks`` (one per item): see ``engine/admission_order.py``."""
         submitted_at = self.loop.time()  # the deadline counts from here, building the ledger included
         ledger = TicketLedger([(item.index, item.uid) for item in items], group_size)
-        run = self._new(ledger, len(items), submitted_at)
+        run = self._new(ledger, len(items), submitted_at, validation, caller_ranks(items, ranks))
         self._enqueue(run, items)
         if not items and run.deadline is not None:
             run.deadline.cancel()
         return run.ticket
 
-    def open(self, group_size: int | Mapping[Hashable, int]) -> str:
+    def open(self, group_size: int | Mapping[Hashable, int], *, validation: bool = False) -> str:
         """A ticket whose samples come later (``add``, e.g. as each rollout finishes) until ``close``.
         Its groups are handed out as they complete, like any ticket's; ``ticket_deadline`` counts
-        from now."""
-        run = self._new(TicketLedger([], group_size, open=True), 0)
+        from now, and so does its place in the admission order (older tickets first)."""
+        run = self._new(TicketLedger([], group_size, open=True), 0, validation=validation)
         run.budget.open = True  # its failure rate is judged at close (engine/budget.py)
         return run.ticket
 
@@ -134,13 +148,17 @@ class TicketBook:
             raise _copy_error(run)
         return run
 
-    def _new(self, ledger: TicketLedger, samples: int, now: float | None = None) -> TicketRun:
+    def _new(self, ledger: TicketLedger, samples: int, now: float | None = None, validation: bool = False,
+             ranks: dict[int, int] | None = None) -> TicketRun:
         if self.engine.closed is not None:
             raise AgentClosed("the reward agent is closed")
         self.judge.check_budget()
+        if not isinstance(validation, bool):
+            raise ValueError(f"validation must be true or false, got {validation!r}")
         ticket = f"{self.engine.id}-{next(self._numbers)}"
         now = self.loop.time() if now is None else now
-        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(samples, self.config.max_failure_rate))
+        run = TicketRun(ticket, self.reward.label, ledger, now, TicketBudget(samples, self.config.max_failure_rate),
+                        next(self.engine.openings), validation, ranks)
         run.deliver = functools.partial(self._deliver, run)
         self.runs[ticket] = run
         if self.config.ticket_deadline is not None:

@@ -58,7 +58,7 @@ class AgentLoopManagerWithoutRewards(AgentLoopManager):
         rollout = self.config.actor_rollout_ref.rollout
         real = real_length_of_padded(uids, prompts, int(rollout.agent.num_workers), int(rollout.val_kwargs.n))
         requests = decode_requests(output[:real], rewards.tokenizer, rewards.settings.reward_fn_key, tool_fields)
-        scored = rewards.take(rewards.submit(requests))  # all of it: validation waits for every score
+        scored = rewards.take(rewards.submit(requests, validation=True))  # all of it: validation waits for every score
         scores, extra = reorder(scored, padding_sources(len(output), real))
         output.batch["rm_scores"] = RewardManagerBase.assemble_rm_scores(output, scores)
         for key, values in extra.items():

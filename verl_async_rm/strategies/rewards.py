@@ -133,20 +133,30 @@ class BatchRewards:
     def fixed_keys(self) -> tuple[str, ...]:
         return (*FIXED_EXTRA_KEYS, *self.extra_keys)
 
-    def submit(self, requests: list[dict], rows_of: Optional[Sequence[tuple]] = None) -> PendingRewards:
+    def submit(self, requests: list[dict], rows_of: Optional[Sequence[tuple]] = None, *, validation: bool = False,
+               rows_per_mini_batch: Optional[int] = None) -> PendingRewards:
         """``requests`` as ``decode_requests`` builds them (``index`` = position in the list);
-        ``rows_of[i]``: the rows request i scores (default: row i)."""
+        ``rows_of[i]``: the rows request i scores (default: row i). Hints for the agent's
+        ``admission_order: deadline`` (which request the judge gets first when its throughput binds):
+        ``validation``, a validation batch (after training); ``rows_per_mini_batch`` (m), the rows are
+        positions in verl's order and mini-batch k is rows [k*m, (k+1)*m): each request ranks with the
+        first mini-batch that needs its group."""
         rows_of = [tuple(r) for r in rows_of] if rows_of is not None else [(i,) for i in range(len(requests))]
         group_of = [r["uid"] if r["uid"] is not None else ("sample", i) for i, r in enumerate(requests)]
         counts = Counter(group_of)
         by_size: dict[int, list[int]] = {}
         for i, group in enumerate(group_of):
             by_size.setdefault(counts[group], []).append(i)
+        ranks = mini_batch_ranks(rows_of, group_of, rows_per_mini_batch) if rows_per_mini_batch else None
+        # only hints given are passed: a client that knows no admission order is called as before
+        hints = {"validation": True} if validation else {}
         submitted_at = time.monotonic()
         tickets = []
         for size, members in sorted(by_size.items()):
             batch = [{**requests[i], "index": local} for local, i in enumerate(members)]
-            tickets.append(_Ticket(self.client.submit(batch, size), dict(enumerate(members)), size, len(members)))
+            ticket_hints = hints if ranks is None else {**hints, "ranks": [ranks[i] for i in members]}
+            tickets.append(_Ticket(self.client.submit(batch, size, **ticket_hints), dict(enumerate(members)), size,
+                                   len(members)))
         return PendingRewards(tickets, list(rows_of), group_of, RewardTiming(submitted_at))
 
     # -- score while generating (streaming.py) ---------------------------------------------------
@@ -290,6 +300,16 @@ class BatchRewards:
     def cancel(self, pending: PendingRewards) -> int:
         """A batch that will never be trained on (generated past the last step): stop its calls."""
         return sum(self.client.cancel(t.ticket) for t in pending.tickets if t.remaining)
+
+
+def mini_batch_ranks(rows_of: Sequence[tuple], group_of: Sequence[Hashable], rows_per_mini_batch: int) -> list[int]:
+    """Per request, the first mini-batch that needs its group (a group is scored, and advantaged,
+    whole): the lowest of its members' rows (positions in verl's order), over ``rows_per_mini_batch``."""
+    first_row: dict[Hashable, int] = {}
+    for rows, group in zip(rows_of, group_of):
+        lowest = min(rows)
+        first_row[group] = min(lowest, first_row.get(group, lowest))
+    return [first_row[group] // rows_per_mini_batch for group in group_of]
 
 
 def object_array(values) -> np.ndarray:

@@ -373,7 +373,10 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
                                                     {int(r): uids[i] for i, r in enumerate(sources)})
             else:
                 requests = decode_requests(batch, self.tokenizer, self.rewards.settings.reward_fn_key, tool_fields)
-                rewards = self.rewards.submit(requests)
+                # verl's own mini-batches, in row order: the agent may send the first one's groups first
+                in_row_order = self.strategy.mini_batch_pipeline and self.strategy.mini_batch_order == "index"
+                rewards = self.rewards.submit(
+                    requests, rows_per_mini_batch=self.plan.samples_per_mini_batch if in_row_order else None)
         return GeneratedBatch(batch, rewards, epoch, loader_state, weights_step=self.global_steps - 1,
                               metrics=generation_metrics)
 

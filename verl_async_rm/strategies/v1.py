@@ -71,6 +71,7 @@ POOL_STATE_FILE = "async_rm_pool.json"  # in the checkpoint folder: prompts of r
 CORRECTION_PREFIX = "rollout_corr/"
 CORRECTION_FIELDS = ("old_log_probs", "rollout_log_probs", "response_mask")  # what the correction statistics read
 KL_METRICS = ("actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff")
+VALIDATION_PARTITION = "val"  # verl's v1 _validate samples its batches from this replay-buffer partition
 
 
 class _WithoutStreamingRewards:
@@ -243,7 +244,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._heap_metrics = freeze_trainer_and_workers(self.actor_rollout_wg, self.critic_wg if self.use_critic else None)
 
     # -- rewards through the agent ---------------------------------------------------------------
-    def _submit(self, batch: KVBatchMeta) -> PendingRewards:
+    def _submit(self, batch: KVBatchMeta, validation: bool = False) -> PendingRewards:
         """One request per session (its final output), scoring every output of the session."""
         sessions = sessions_of(_real_keys(batch))
         finals = [s.final_key for s in sessions]
@@ -255,7 +256,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
                                              [t.tolist() for t in data["responses"].unbind()], columns, self.tokenizer, key)
         for request, session in zip(requests, sessions, strict=True):
             request["uid"] = session.uid  # the group, whatever the dataset's uid column says
-        return self.rewards.submit(requests, rows_of=[s.keys for s in sessions])
+        return self.rewards.submit(requests, rows_of=[s.keys for s in sessions], validation=validation)
 
     # -- score while generating (streaming.py) ---------------------------------------------------
     def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
@@ -328,7 +329,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
 
     def _compute_reward_colocate(self, batch: KVBatchMeta, metrics: dict | None = None) -> KVBatchMeta:
         """Validation (and any whole-batch scoring): through the agent, waiting for every score."""
-        pending = self._submit(batch)
+        pending = self._submit(batch, validation=batch.partition_id == VALIDATION_PARTITION)
         self._put_scores(batch, self.rewards.take(pending), with_extra_info=True)
         return batch
 
