@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from verl_async_rm.integration.group_sizes import select_group_size_manager
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
-from verl_async_rm.integration.settings import RunSettings, read_run_settings
+from verl_async_rm.integration.settings import RunSettings, read_run_settings, write_verl_mode
 from verl_async_rm.loader import check_spec
 from verl_async_rm.strategies.plan import V1_MODE
 from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
@@ -31,6 +31,8 @@ def prepare(config: DictConfig) -> RunSettings:
     """Check the run and complete its config (in place) before any Ray worker starts; its settings."""
     migrate_legacy_reward_config(config)  # the whole legacy block, whichever manager it names
     settings = read_run_settings(config)  # bad settings, or what cannot run as verl would: fail now
+    if settings.verl_mode is not None:
+        write_verl_mode(config, settings.verl_mode)
     strategy = settings.strategy
     if settings.uses_agent:
         check_spec(settings.agent.reward, construct=True)  # a reward that cannot load: fail now

@@ -1,7 +1,7 @@
 """The trainer runs of ``async_agent`` on verl's own v1 trainer modes through verl's STOCK entry point
 (``python -m verl.trainer.main_ppo``, on the CPU backend; issue 43 item 2, issue 45 item 16), shared
 by tests/seam/test_verl_async_modes.py and tests/seam/test_legacy_training.py (one session fixture,
-``verl_modes_runs``, in tests/seam/conftest.py): three runs, two at a time, each with its own
+``verl_modes_runs``, in tests/seam/conftest.py): four runs, two at a time, each with its own
 loopback judge.
 
 - ``sync`` (2 steps, validation first): verl trains a group without its failed session. Spelled the
@@ -11,6 +11,9 @@ loopback judge.
   (so a probe call proves the legacy block was moved, and won);
 - ``colocate_async`` (3 steps, verl's 2 s-poll sampler): verl evicts a group with a failed session
   and replaces it with a fresh prompt; the current spelling (``reward.reward_manager.name``);
+- ``off_policy`` (3 steps): this package's entry point (``python -m verl_async_rm.main_ppo``) with the
+  recipe's ``off_policy_steps=1`` alone, which runs as verl's ``colocate_async`` with the agent: it
+  must train as the stock ``colocate_async`` run does (every test of the module runs on it);
 - ``budget`` (``colocate_async``, at most 4 steps): a token budget spent mid-run; started once one
   of the other two has ended.
 
@@ -32,7 +35,10 @@ from tests.helpers.rollout_dump import dump_rows
 from tests.helpers.trainer_queue import QueuedRun, run_queue
 
 CAP, RPM, N, PROMPTS = 2, 600, 4, 8
-RUNS = {"sync": 2, "colocate_async": 3}  # mode -> steps
+RUNS = {"sync": 2, "colocate_async": 3, "off_policy": 3}  # mode -> steps
+# off_policy: this package's entry point with the recipe's flag alone, which runs as verl's colocate_async
+# with the agent (strategies/plan.py, off_policy_on_verl): it must train as the stock colocate_async run does
+OFF_POLICY = "off_policy"
 BUDGET_STEPS, BUDGET_TOKENS = 4, 4000
 WAIT = 3600  # s: a group closed by its timer would outlast the run's timeout
 LEGACY = "sync"  # the run spelled the legacy way
@@ -57,14 +63,17 @@ def run_config(out: Path, assets, loops: str, data: str, base_url: str, mode: st
                             f"custom_reward_function.path={Path(session_probe.__file__)}",  # verl's legacy top-level block
                             "custom_reward_function.name=ProbeJudge",
                             f"+custom_reward_function.reward_kwargs={hydra_value(kwargs)}"]
+    mode_overrides = ["off_policy_steps=1"] if mode == OFF_POLICY else [f"trainer.v1.trainer_mode={mode}"]
+    entry = {"entry_module": "verl_async_rm.main_ppo"} if mode == OFF_POLICY else {}
     return CPURunConfig(
+        **entry,
         out_dir=str(out), trainer="v1", steps=RUNS[mode], model_dir=assets.model_dir, train_file=data,
         val_file=assets.val_file, val_before_train=mode == "sync", **reward,
         timeout_s=900, extra_env={"PYTHONPATH": str(ROOT)},  # Ray workers import the probe loop
         v1_poll_interval_s=0.05 if mode == "sync" else None,  # the rig's fast sampler is verl's sync one
         extra_overrides=[
             *legacy_overrides,
-            f"trainer.v1.trainer_mode={mode}",
+            *mode_overrides,
             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
             "reward.num_workers=3",
             f"+reward.async_agent.max_concurrency={CAP}",

@@ -84,13 +84,18 @@ def test_the_per_sample_path_gets_its_group_sizes_from_the_agent_loop(use_v1, ex
 def test_a_strategy_run_starts_none_of_verls_reward_loop_workers(use_v1):
     """The agent scores every sample of a strategy run, so verl's reward-loop workers (8 by default,
     each a Ray actor importing verl) would only idle: reward.num_workers becomes 0, the legacy
-    spelling included; without a strategy verl's value stays."""
+    spelling included; without a strategy verl's value stays, as it does for off_policy_steps alone
+    on v1, which is verl's colocate_async (its reward-loop workers hand each sample to the agent)."""
     from tests.helpers.harness import prepared
 
     v1 = f"trainer.use_v1={str(use_v1).lower()}"
+    strategy = "off_policy_steps=1" if not use_v1 else "mini_batch_pipeline=true"
     assert ours(v1).reward.num_workers == 8  # verl's default
-    assert prepared(ours(v1, "off_policy_steps=1")).reward.num_workers == 0
-    assert prepared(ours(v1, "off_policy_steps=1", "reward_model.num_workers=4")).reward.num_workers == 0
+    assert prepared(ours(v1, strategy)).reward.num_workers == 0
+    assert prepared(ours(v1, strategy, "reward_model.num_workers=4")).reward.num_workers == 0
+    alone = prepared(ours(v1, "off_policy_steps=1"))
+    assert alone.reward.num_workers == (8 if use_v1 else 0)
+    assert alone.trainer.v1.trainer_mode == ("colocate_async" if use_v1 else "sync")
     assert prepared(ours(v1, "reward.reward_manager.name=async_agent")).reward.num_workers == 8
     assert prepared(ours(v1, "reward.num_workers=3")).reward.num_workers == 3
 
@@ -144,6 +149,7 @@ def test_verls_own_entry_point_gives_async_agent_exact_groups_in_each_of_verls_m
     assert started(agent, "trainer.use_v1=false") == V0_CLASS
     assert started(agent, f"trainer.v1.trainer_mode={mode}", "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=my.M") == "my.M"
     assert started(agent, "trainer.v1.trainer_mode=async_reward", "+off_policy_steps=1") is None  # the strategies' own
+    assert started(agent, "+off_policy_steps=1") == V1_CLASS  # alone on v1: verl's colocate_async (below)
     assert started(f"trainer.v1.trainer_mode={mode}") is None  # verl's naive manager: untouched
 
 
@@ -166,3 +172,27 @@ def test_mask_is_refused_at_start_on_verls_own_modes_with_the_reason(mode):
 
     with pytest.raises(ValueError, match=reason):
         prepared(ours(*[o.lstrip("+") for o in overrides]))
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("entry", ["ours", "verls"])
+def test_off_policy_steps_alone_on_v1_runs_verls_colocate_async_with_the_agent(entry, capsys):
+    """On either entry point: verl's colocate_async, a step waiting rather than training a sample more
+    than one step old (threshold 2: verl counts the step it was submitted at), the agent as the reward
+    manager behind verl's reward-loop workers, exact groups, the flag off in the config every later
+    process reads; said on stderr. With failure_policy=mask the run stays this package's."""
+    from tests.helpers.harness import prepared
+    from verl_async_rm.integration.stock_entry import AsyncAgentStartCallback
+
+    if entry == "ours":
+        config = prepared(ours("off_policy_steps=1"))
+    else:
+        config = verls("reward.reward_manager.name=async_agent", "+off_policy_steps=1")
+        AsyncAgentStartCallback().on_run_start(config)
+    assert (config.trainer.v1.trainer_mode, config.trainer.v1.sampler.max_off_policy_threshold,
+            config.trainer.v1.sampler.max_off_policy_strategy) == ("colocate_async", 2, "wait")
+    assert config.reward.reward_manager.name == "async_agent" and config.off_policy_steps == 0
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_manager_class == V1_CLASS
+    assert "runs as verl's own colocate_async mode with the agent" in capsys.readouterr().err
+    masked = prepared(ours("off_policy_steps=1", "reward.async_agent.failure_policy=mask", "actor_rollout_ref.rollout.n=4"))
+    assert masked.trainer.v1.trainer_mode == "async_reward" and masked.reward.num_workers == 0

@@ -8,6 +8,8 @@ tests/seam/test_legacy_training.py, whose legacy spelling the ``sync`` run uses)
 - ``sync``: verl trains a group without its failed session;
 - ``colocate_async`` (verl's 2 s-poll sampler): verl evicts a group with a failed session and
   replaces it with a fresh prompt;
+- ``off_policy``: ``python -m verl_async_rm.main_ppo ... off_policy_steps=1``, the recipe's flag alone,
+  which runs as verl's colocate_async with the agent: every test here holds for it as for the stock run;
 - ``budget``: a colocate_async run whose token budget is spent mid-run.
 
 Checked from what verl trained (its rollout dump), what the reward saw (its call log), the groups
@@ -22,7 +24,19 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import session_probe
-from tests.helpers.verl_modes import BUDGET_STEPS, BUDGET_TOKENS, CAP, N, PROMPTS, RPM, RUNS, read_jsonl, trained, training_calls
+from tests.helpers.verl_modes import (
+    BUDGET_STEPS,
+    BUDGET_TOKENS,
+    CAP,
+    OFF_POLICY,
+    N,
+    PROMPTS,
+    RPM,
+    RUNS,
+    read_jsonl,
+    trained,
+    training_calls,
+)
 from verl_async_rm.limits import rate_bound
 from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
 
@@ -149,3 +163,15 @@ def test_every_reward_call_ran_in_the_agents_actor(runs, mode):
     assert result.ok
     calls = read_jsonl(out / "calls.jsonl")
     assert calls and {call["actor"] for call in calls} == {DEFAULT_ACTOR_NAME}
+
+
+def test_off_policy_steps_alone_on_v1_trains_as_verls_colocate_async_at_most_one_step_stale(runs):
+    """The recipe's ``off_policy_steps=1`` on v1 is verl's colocate_async with the agent (said at start),
+    not this package's trainer (which logs ``async_reward/*``): verl's own account of every trained
+    sample's worst staleness is at most the one step the flag allows, and some sample is that stale."""
+    out, result, _ = runs[OFF_POLICY]
+    assert result.ok
+    assert "runs as verl's own colocate_async mode with the agent" in Path(result.log_path).read_text()
+    worst = [v for _, v in result.series("training/off_policy/trajectory_staleness_worst/max")]
+    assert len(worst) == RUNS[OFF_POLICY] and max(worst) == 1, worst
+    assert not [key for m in result.metrics for key in m["data"] if key.startswith("async_reward/")]

@@ -14,7 +14,7 @@ whether it saw what verl's naive manager passes a reward). The baselines are ver
 | v0 both | deterministic rollout and verl's mini-batch order (the run does not depend on timing, so the learning comparison with the baseline is reproducible); pipeline, two steps ahead, rollout correction (token IS), ppo_epochs=2 with shuffle, parameter and optimizer offload, injected reward failures (~10%) masked out of training (``failure_policy=mask``), the padded validation |
 | v0 gae | pipeline (completion order) and one step ahead with a critic whose mini-batch (4 prompts) does not divide the actor's (2); KL in the reward with an adaptive controller; resumed from a checkpoint taken with a batch in flight |
 | v0 baseline_e2 / pipeline_e2 | 2 steps, ppo_epochs=2: equal parameters |
-| v1 baseline, pipeline, off_policy | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``) |
+| v1 baseline, pipeline | v1's mode; the baseline validates every 2 steps on the per-sample path; the pipeline with ~20% injected reward failures masked out of training (``failure_policy=mask``) (``off_policy_steps=1`` alone is verl's colocate_async: tests/helpers/verl_modes.py) |
 | v1 both | pipeline + off-policy on an agent loop with two outputs per session, per-prompt ``__rollout_n__`` and failing sessions; validation before training |
 | v1 pool, pool_drop, pool_wait_auto, pool_auto_bound | the staleness pool (POOLS, below) |
 | resumes | v0 gae from step 14, v1 both, pool and pool_auto_bound from step 2 (RESUMES) |
@@ -101,7 +101,7 @@ RUNS = {
     ("v1", "baseline"): dict(flags=[*NO_FAILURES, "trainer.test_freq=2"], validate=True),
     ("v1", "pipeline"): dict(flags=[f"+reward.custom_reward_function.reward_kwargs={{fail_share:{MASK_FAIL_SHARE}}}", *MASK,
                                     *PIPELINE], fail_share=MASK_FAIL_SHARE),
-    ("v1", "off_policy"): dict(flags=[*NO_FAILURES, "off_policy_steps=1"]),
+    # (off_policy_steps=1 alone on v1 is verl's colocate_async with the agent: tests/helpers/verl_modes.py)
     ("v1", "both"): dict(flags=[*NO_FAILURES, *PIPELINE, "off_policy_steps=1",
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
 }
@@ -244,7 +244,7 @@ ORDER = [("v1", "pool_auto_bound"), ("v1", "pool_auto_bound", "resumed"), ("v0",
          ("v0", "baseline"), ("v0", "both"), ("v1", "both"), ("v0", "pipeline"), ("v0", "gae", "resumed"),
          ("v1", "both", "resumed"), ("v1", "pool", "resumed"), ("v1", "pool_drop"), ("v1", "pool_wait_auto"),
          ("v1", "pool_shapes"), ("v1", "pool_shapes_submitted"), ("v1", "baseline"), ("v1", "pipeline"),
-         ("v1", "off_policy"), ("v0", "pipeline_merged"), ("v0", "baseline_e2"), ("v0", "pipeline_e2")]
+         ("v0", "pipeline_merged"), ("v0", "baseline_e2"), ("v0", "pipeline_e2")]
 
 
 @pytest.fixture(scope="module")
@@ -579,10 +579,10 @@ def test_v1_validation_keeps_the_rewards_extra_info(runs):
 
 def test_a_v1_strategy_run_trains_through_the_light_driver(runs, assets):
     """The light driver (cpu_backend/light_driver.py) runs verl's v1 TaskRunner in its host actor
-    (the demo's lanes are v0: tests/rig/test_demo.py): a v1 strategy run, off_policy, took it and
+    (the demo's lanes are v0: tests/rig/test_demo.py): a v1 strategy run, pipeline, took it and
     trained every step (its other properties: the tests above, as for every run here)."""
-    assert run_config(Path("unused"), assets, "v1", "off_policy").light_driver
-    _, result = runs["v1", "off_policy"]
+    assert run_config(Path("unused"), assets, "v1", "pipeline").light_driver
+    _, result = runs["v1", "pipeline"]
     assert [m["data"]["training/global_step"] for m in result.metrics if "training/global_step" in m["data"]] == \
         list(range(1, STEPS["v1"] + 1))
     assert "TaskRunnerHost" in Path(result.log_path).read_text()  # the host actor, not verl's TaskRunner, ran it

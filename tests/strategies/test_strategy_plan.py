@@ -16,8 +16,10 @@ from verl_async_rm.strategies.plan import (
     MiniBatchPlan,
     StrategyConfig,
     TrainerShape,
+    VerlColocateAsync,
     check_strategy,
     merge_update_calls,
+    off_policy_on_verl,
     plan_mini_batches,
     schedule_updates,
     shape_from_config,
@@ -370,12 +372,13 @@ def test_verls_refill_of_prompts_whose_sessions_all_failed_is_refused_at_start_w
     from verl_async_rm.integration.settings import read_run_settings
 
     refill = {"trainer": {"v1": {"sampler": {"sync_refill_failed_groups": True}}}, "reward": {"async_agent": {}}}
-    for values in ({"max_staleness": 1}, {"max_staleness": 1, "stream_rewards": False}, {"off_policy_steps": 1}):
+    for values in ({"max_staleness": 1}, {"max_staleness": 1, "stream_rewards": False}, {"mini_batch_pipeline": True}):
         with pytest.raises(ValueError, match="sync_refill_failed_groups"):
             read_run_settings(OmegaConf.create({**refill, **values}))
-    assert read_run_settings(OmegaConf.create({**refill, "off_policy_steps": 1, "stream_rewards": False})).shape.sync_refill_failed_groups
+    assert read_run_settings(OmegaConf.create({**refill, "mini_batch_pipeline": True, "stream_rewards": False})).shape.sync_refill_failed_groups
     assert not read_run_settings(OmegaConf.create({"reward": {"async_agent": {}}, "max_staleness": 1})).shape.sync_refill_failed_groups
     read_run_settings(OmegaConf.create(refill))  # the strategies off: verl's business
+    read_run_settings(OmegaConf.create({**refill, "off_policy_steps": 1}))  # verl's colocate_async: verl's business too
 
 
 @pytest.mark.quick
@@ -383,3 +386,49 @@ def test_on_policy_correction_without_rollout_log_probs_stays_verls_business():
     check_strategy(strategy_from_mapping({"mini_batch_pipeline": True}), shape(rollout_correction=True, calculate_log_probs=False))
     check_strategy(strategy_from_mapping({"max_staleness": 1, "off_policy_steps": 1}),
                    shape(rollout_correction=True, calculate_log_probs=True))
+
+
+@pytest.mark.quick
+@given(pipeline=st.booleans(), pooled=st.booleans(), auto=st.booleans(), steps=st.integers(0, 4), masks=st.booleans(),
+       use_v1=st.booleans(), mode=st.sampled_from(["sync", "colocate_async", "async_reward"]),
+       manager=st.sampled_from(["naive", "async_agent", "dapo"]), reward_model=st.booleans())
+def test_off_policy_steps_alone_on_v1_is_verls_colocate_async_and_nothing_else_is(pipeline, pooled, auto, steps, masks,
+                                                                                 use_v1, mode, manager, reward_model):
+    """Exactly ``off_policy_steps=1`` with no other strategy, on v1's default mode, scored by the agent,
+    without ``mask``: verl's colocate_async, one step of staleness at most (verl's threshold counts
+    the step it was submitted at, so 2), waiting rather than dropping."""
+    strategy = StrategyConfig(mini_batch_pipeline=pipeline, off_policy_steps=steps, max_staleness=1 if pooled else None,
+                              auto_off_policy=auto)
+    trainer = TrainerShape(use_v1=use_v1, trainer_mode=mode, reward_manager=manager, reward_model_enabled=reward_model)
+    expected = (steps == 1 and not (pipeline or pooled or auto) and not masks and use_v1 and mode == "sync"
+                and manager != "dapo" and not reward_model)
+    verl_mode = off_policy_on_verl(strategy, trainer, masks)
+    assert (verl_mode is not None) == expected
+    if verl_mode is not None:
+        assert verl_mode == VerlColocateAsync(1) and verl_mode.overrides() == {
+            "trainer.v1.trainer_mode": "colocate_async", "trainer.v1.sampler.max_off_policy_threshold": 2,
+            "trainer.v1.sampler.max_off_policy_strategy": "wait", "reward.reward_manager.name": "async_agent",
+            "off_policy_steps": 0}
+
+
+@pytest.mark.quick
+def test_the_settings_of_an_off_policy_run_on_v1_are_those_of_verls_colocate_async_with_the_agent():
+    """Read once: the strategy is off and the shape is colocate_async's, so every later process, which
+    reads the config ``write_verl_mode`` rewrote, reads the same settings; written, it is not redone."""
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.integration.settings import read_run_settings, write_verl_mode
+
+    config = OmegaConf.create({"reward": {"async_agent": {}, "reward_manager": {"name": "naive"}}, "off_policy_steps": 1})
+    settings = read_run_settings(config)
+    assert settings.verl_mode == VerlColocateAsync(1) and not settings.strategy.enabled and settings.uses_agent
+    assert (settings.shape.trainer_mode, settings.shape.reward_manager, settings.mask.trainer_mode) == \
+        ("colocate_async", "async_agent", "colocate_async")
+    write_verl_mode(config, settings.verl_mode)
+    assert OmegaConf.select(config, "trainer.v1.trainer_mode") == "colocate_async"
+    assert OmegaConf.select(config, "trainer.v1.sampler.max_off_policy_threshold") == 2
+    again = read_run_settings(config)
+    assert again.verl_mode is None and (again.strategy, again.shape) == (settings.strategy, settings.shape)
+    masked = OmegaConf.create({"reward": {"async_agent": {"failure_policy": "mask"}}, "off_policy_steps": 1,
+                               "actor_rollout_ref": {"rollout": {"n": 4}}})  # mask: this package's trainer
+    assert read_run_settings(masked).verl_mode is None and read_run_settings(masked).strategy.off_policy_steps == 1

@@ -16,16 +16,25 @@ takes the integration's own keys below. The reward itself comes from verl's usua
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.loader import RewardSpec
 from verl_async_rm.masking import MaskShape, check_masking, mask_shape_from_config
 from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
-from verl_async_rm.strategies.plan import StrategyConfig, TrainerShape, check_strategy, shape_from_config, strategy_from_mapping
+from verl_async_rm.strategies.plan import (
+    StrategyConfig,
+    TrainerShape,
+    VerlColocateAsync,
+    check_strategy,
+    off_policy_on_verl,
+    shape_from_config,
+    strategy_from_mapping,
+)
 
 DEFAULT_REWARD = "verl.utils.reward_score:default_compute_score"
 DEFAULT_GROUP_WAIT = 10.0
@@ -101,6 +110,9 @@ class RunSettings:
     strategy: StrategyConfig
     shape: TrainerShape
     mask: MaskShape
+    # off_policy_steps alone on v1: the run is verl's colocate_async with the agent (strategies/plan.py,
+    # off_policy_on_verl); ``strategy`` and ``shape`` above are already that run's
+    verl_mode: Optional[VerlColocateAsync] = None
 
     @property
     def uses_agent(self) -> bool:
@@ -115,8 +127,28 @@ def read_run_settings(config: Any) -> RunSettings:
     agent = settings_from_verl_config(config)
     strategy = strategy_from_mapping(config)
     shape = shape_from_config(config, ticket_deadline=agent.agent.ticket_deadline)
-    mask = mask_shape_from_config(config, masks_loss=agent.agent.failure.masks_loss,
-                                  min_group_success=agent.agent.min_group_success, strategies=strategy.enabled)
+    masks_loss = agent.agent.failure.masks_loss
+    verl_mode = off_policy_on_verl(strategy, shape, masks_loss)
+    if verl_mode is not None:  # the run is verl's colocate_async with the agent (write_verl_mode writes it)
+        strategy = replace(strategy, off_policy_steps=0)
+        shape = replace(shape, trainer_mode=verl_mode.trainer_mode, reward_manager=verl_mode.reward_manager)
     check_strategy(strategy, shape)  # everything the strategies cannot run as verl would
+    mask = replace(mask_shape_from_config(config, masks_loss=masks_loss, min_group_success=agent.agent.min_group_success,
+                                          strategies=strategy.enabled), trainer_mode=shape.trainer_mode)
     check_masking(mask)  # failure_policy=mask: only where it is exact
-    return RunSettings(reward_manager=shape.reward_manager, agent=agent, strategy=strategy, shape=shape, mask=mask)
+    return RunSettings(reward_manager=shape.reward_manager, agent=agent, strategy=strategy, shape=shape, mask=mask,
+                       verl_mode=verl_mode)
+
+
+def write_verl_mode(config: DictConfig, mode: VerlColocateAsync) -> None:
+    """``off_policy_steps`` alone on v1 (``RunSettings.verl_mode``): write verl's colocate_async with the
+    agent into the config every later process reads (so they read the same settings), and say so.
+    Called where a run starts, before any worker: ``main_ppo.prepare`` and verl's own entry point's
+    start callback."""
+    overrides = mode.overrides()
+    with open_dict(config):
+        for key, value in overrides.items():
+            OmegaConf.update(config, key, value, force_add=True)
+    print(f"[verl_async_rm] off_policy_steps={mode.off_policy_steps} on the v1 trainer runs as verl's own "
+          f"{mode.trainer_mode} mode with the agent: " + " ".join(f"{k}={v}" for k, v in overrides.items()),
+          file=sys.stderr, flush=True)

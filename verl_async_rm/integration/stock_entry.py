@@ -145,7 +145,7 @@ class AsyncAgentStartCallback(Callback):
         if moved:
             print(f"[verl_async_rm] legacy reward config moved: {', '.join(moved)}", file=sys.stderr, flush=True)
         from verl_async_rm.integration.group_sizes import select_group_size_manager
-        from verl_async_rm.integration.settings import read_run_settings
+        from verl_async_rm.integration.settings import read_run_settings, write_verl_mode
         from verl_async_rm.loader import check_spec
         from verl_async_rm.strategies.plan import V1_MODE
 
@@ -154,6 +154,8 @@ class AsyncAgentStartCallback(Callback):
             check_spec(settings.agent.reward, construct=True)
         except Exception as exc:  # noqa: BLE001 - as above: stop before any worker starts
             sys.exit(f"[verl_async_rm] async_agent cannot start: {type(exc).__name__}: {exc}")
+        if settings.verl_mode is not None:
+            write_verl_mode(config, settings.verl_mode)
         if not settings.strategy.enabled and OmegaConf.select(config, "trainer.v1.trainer_mode") != V1_MODE:
             # As our entry point does: exact groups (each sample stamped with its group's real size and
             # attempt, failed sessions withdrawn) instead of groups closed by a timer.

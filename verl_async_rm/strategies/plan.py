@@ -216,6 +216,52 @@ def shape_from_config(config: Any, ticket_deadline: Optional[float] = None) -> T
 V1_MODE = "async_reward"
 
 
+@dataclass(frozen=True)
+class VerlColocateAsync:
+    """How ``off_policy_steps`` alone on v1 runs: as verl's own ``trainer_mode=colocate_async`` with the
+    agent as its reward manager. That mode already scores each batch's rewards while the next one
+    generates, one step behind; the end-to-end benchmark against it (``bench/results/e2e_anchor.json``)
+    measured no win for a second implementation here, so the flag configures verl's instead. verl's
+    replay buffer bounds the staleness: ``global_steps - submitted_at + 1`` at most
+    ``max_off_policy_threshold``, and with ``wait`` a step samples only once no prompt still in flight
+    has reached it, so a step never trains a sample more than ``off_policy_steps`` versions old."""
+
+    off_policy_steps: int
+
+    trainer_mode = "colocate_async"
+    max_off_policy_strategy = "wait"
+    reward_manager = "async_agent"
+
+    @property
+    def max_off_policy_threshold(self) -> int:
+        return self.off_policy_steps + 1
+
+    def overrides(self) -> dict[str, Any]:
+        """verl config key -> value, applied to the run's config before any worker starts."""
+        return {
+            "trainer.v1.trainer_mode": self.trainer_mode,
+            "trainer.v1.sampler.max_off_policy_threshold": self.max_off_policy_threshold,
+            "trainer.v1.sampler.max_off_policy_strategy": self.max_off_policy_strategy,
+            "reward.reward_manager.name": self.reward_manager,
+            "off_policy_steps": 0,
+        }
+
+
+def off_policy_on_verl(strategy: StrategyConfig, shape: TrainerShape, masks_loss: bool) -> Optional[VerlColocateAsync]:
+    """``off_policy_steps=1`` alone on v1 (no pipeline, pool or ``auto``), where verl's own mode does the
+    same job: verl's ``colocate_async`` (``VerlColocateAsync``); else None, and ``check_strategy``
+    decides as before. Left to this package's trainer, or to its refusals: ``failure_policy: mask``
+    (verl's modes cannot take failed samples out of the loss), another ``trainer_mode`` (a conflict),
+    a reward manager or reward model the agent does not stand in for, and ``off_policy_steps`` > 1
+    (verl's colocate_async generates one batch ahead)."""
+    alone = not (strategy.mini_batch_pipeline or strategy.pooled or strategy.auto_off_policy)
+    agent_scores = shape.reward_manager in AGENT_REWARD_MANAGERS and not shape.reward_model_enabled
+    if (shape.use_v1 and strategy.off_policy_steps == 1 and alone and not masks_loss and shape.trainer_mode == "sync"
+            and agent_scores):
+        return VerlColocateAsync(strategy.off_policy_steps)
+    return None
+
+
 def check_strategy(strategy: StrategyConfig, shape: TrainerShape) -> None:
     """Every combination the strategies cannot run as verl would: one clear error, at start."""
     if not strategy.enabled:
