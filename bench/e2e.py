@@ -21,7 +21,10 @@ scored through the ``async_agent`` reward manager unless the mode is verl's own 
   ``verl_colocate_async`` (``trainer.v1.trainer_mode=colocate_async`` with verl's reward loop, at its
   best for the judge: the ``rate_limited`` manager given the judge's limits and timeout, verl's default
   ``reward.num_workers``) and ``colocate_async_agent`` (the same command plus
-  ``reward.reward_manager.name=async_agent``).
+  ``reward.reward_manager.name=async_agent``); for issue 46's A/B (``--admission-ab``), ``colocate_async_agent``
+  and ``tail_auto`` (the agent's default ``admission_order: fifo``) beside their deadline twins (``*_deadline``:
+  the same command plus ``reward.async_agent.admission_order=deadline``), judged on the trainer-timed blocked
+  time and the loop time, paired within a seed.
 
 Figures, per (trainer, regime, mode), median [min, max] over seeds, ratios paired within a seed:
 loop time (from the start gate to the last step's end, by the trainer's step clock: the time before
@@ -61,6 +64,7 @@ seconds, mode, steps, and a fingerprint of the package source), so the same comm
 interruption; delete the folder to measure afresh.
     python bench/e2e.py              # the earlier benchmark against verl's sync trainer (plan and estimate: add --dry-run)
     python bench/e2e.py --anchor     # issue 43: against verl's colocate_async, bench/results/e2e_anchor.json
+    python bench/e2e.py --admission-ab   # issue 46: admission_order fifo vs deadline, bench/results/e2e_admission.json
     python bench/e2e.py --quick      # CI smoke: 2 short v1 runs (calibration + the tail-tolerant mode)
     python bench/results_page.py --write   # docs/results.md and the README's results table from bench/results/
 """
@@ -90,12 +94,12 @@ sys.path.insert(0, str(ROOT))
 
 # The regimes and the contestants: one home with the demo's lanes (rig/verl_async_rm_rig/contestants.py)
 from verl_async_rm_rig.contestants import (  # noqa: E402
+    ADMISSION_REGIMES,
     AGENT,
     AGENT_COLOCATE,
     ANCHOR_DECODE_S,
-    ANCHOR_MODES,
     ANCHOR_REGIMES,
-    COLOCATE,
+    DEADLINE_TWINS,
     MODES,
     OWN_WAIT_KEYS,  # noqa: F401 (the records' trainer_wait_key: e2e.OWN_WAIT_KEYS to its readers)
     PACE_TOLERANCE,
@@ -109,6 +113,7 @@ from verl_async_rm_rig.contestants import (  # noqa: E402
     TRAINER_WAIT_KEY,  # noqa: F401 (as OWN_WAIT_KEYS)
     V1_POLL_S,
     VERL_COLOCATE,
+    colocate,
     reward_function,
     reward_loop_overrides,
     trainer_wait,
@@ -178,6 +183,9 @@ def mode_unavailable(mode: str, trainer: str = "v1") -> Optional[str]:
         settings = (ROOT / "verl_async_rm" / "hydra_conf" / "async_reward_settings.yaml").read_text()
         if "max_staleness:" not in settings:
             return "the tail-tolerant pool (max_staleness) is not in this tree"
+    if "admission_order=" in overrides and "admission_order:" not in (
+            ROOT / "verl_async_rm" / "hydra_conf" / "async_reward_settings.yaml").read_text():
+        return "admission_order (issue 46) is not in this tree"
     if "failure_policy=mask" in overrides:
         from verl_async_rm.failure_policy import PolicyName
 
@@ -282,7 +290,7 @@ def async_fast_poll_supported() -> bool:
 def v1_poll_interval(mode: str) -> Optional[float]:
     """The v1 sampler's poll interval a run gets: V1_POLL_S, except verl's async trainer modes on a
     CPU backend whose fast sampler is verl's sync one only (None: verl's own sampler)."""
-    if MODES[mode] == COLOCATE and not async_fast_poll_supported():
+    if colocate(mode) and not async_fast_poll_supported():
         return None
     return V1_POLL_S
 
@@ -932,7 +940,7 @@ def goals(timing: list[dict], learning: list[dict], comparisons: list[dict]) -> 
         # never slower than stock: in every regime (instant judge included), the median paired
         # reduction of every strategy is >= 0; the worst single seed is reported beside it
         slower = [(row["regime"], row["mode"], row["reduction_vs_baseline"]) for row in timing
-                  if row["trainer"] == trainer and row["mode"] not in (STOCK, *ANCHOR_MODES) and row["reduction_vs_baseline"]]
+                  if row["trainer"] == trainer and row["mode"] != STOCK and not colocate(row["mode"]) and row["reduction_vs_baseline"]]
         worst = min(slower, key=lambda s: s[2]["median"]) if slower else None
         out.append({"trainer": trainer, "goal": "strategies never slower than stock (median paired reduction >= 0 in every regime)",
                     "threshold": 0.0, "figure": worst and {"regime": worst[0], "mode": worst[1], **worst[2]},
@@ -1002,6 +1010,74 @@ def anchor_goals(records: list[dict], recommended: str = RECOMMENDED, candidates
                      lambda f: f["high"] <= GOAL_THROTTLED, "throttled")
                 goal("loop time below verl colocate_async's (paired ratio - 1, interval below 0)",
                      paired_interval(ratios), lambda f: f["high"] < 0, "loop_below_verl")
+    return out
+
+
+# Issue 46's goals (--admission-ab), each judged on a 95% t-interval over seeds of a paired ratio (the deadline
+# twin's figure over the same seed's FIFO run's, in one start-up group), for the recommended configuration's
+# pair; the other pairs are shown against the same thresholds on variant rows.
+GOAL_BLOCKED_VS_FIFO = -0.50  # where the judge binds: blocked time / FIFO's - 1, upper bound (at least halved)
+GOAL_UNCHANGED = 0.03  # where it does not: loop time / FIFO's - 1, the whole interval within +-3% (no change)
+
+
+def admission_table(records: list[dict]) -> list[dict]:
+    """Issue 46's A/B: per (trainer, regime) and contestant run both ways, its FIFO run (the default) beside
+    its deadline twin (DEADLINE_TWINS): the trainer-timed blocked time (the reward wait exposed, as the anchor
+    judges it: what the trainer timed as waiting over what its same-mode bound in the same group timed), the
+    loop time, the judge's 429s and goodput, the samples trained on a failed call's 0. Paired within a seed:
+    the twin's blocked time and loop time over FIFO's, minus 1 (a seed whose FIFO run exposed no blocked time
+    has no ratio: the blocked time's paired difference in seconds is beside it)."""
+    at = _index(records)
+    measured = [r for r in _measured(records) if r["regime"] != "zero"]
+    rows = []
+    for trainer in _ordered((r["trainer"] for r in measured), ["v1", "v0"]):
+        mine = [r for r in measured if r["trainer"] == trainer]
+        for regime in _ordered((r["regime"] for r in mine), list(ADMISSION_REGIMES)):
+            for fifo, twin in DEADLINE_TWINS.items():
+                cells = {m: [r for r in mine if r["regime"] == regime and r["mode"] == m] for m in (fifo, twin)}
+                if not cells[twin]:
+                    continue
+
+                def blocked(r):
+                    return _wait_and_exposure(at, r, regime, r["mode"])[1]
+
+                def side(cell):
+                    judge = [r["judge_server"] for r in cell if r.get("judge_server")]
+                    return {"runs": len(cell), "blocked_s": spread([blocked(r) for r in cell]),
+                            "loop_time_s": spread([r["loop_time_s"] for r in cell]),
+                            "judge_throttled": _total([j["throttled"] for j in judge]),
+                            "judge_goodput_of_limit": spread([j["goodput_of_limit"] for j in judge]),
+                            "trained_failed_zero": _total([r.get("trained_failed_zero") for r in cell])}
+
+                pairs = [(r, f) for r in cells[twin] for f in [_run(at, trainer, _unit(r), regime, fifo)] if f is not None]
+                both = [(blocked(d), blocked(f)) for d, f in pairs if blocked(d) is not None and blocked(f) is not None]
+                rows.append({
+                    "trainer": trainer, "regime": regime, "judge_binds": REGIMES[regime].throughput_binds,
+                    "fifo": fifo, "deadline": twin, "fifo_figures": side(cells[fifo]), "deadline_figures": side(cells[twin]),
+                    "blocked_vs_fifo": paired_interval([d / f - 1 for d, f in both if f > 0]),
+                    "blocked_minus_fifo_s": paired_interval([d - f for d, f in both]),
+                    "loop_vs_fifo": paired_interval([d["loop_time_s"] / f["loop_time_s"] - 1 for d, f in pairs]),
+                })
+    return rows
+
+
+def admission_goals(table: list[dict], recommended: str = RECOMMENDED) -> list[dict]:
+    """Issue 46's done-when goals, per row of ``admission_table``: where the judge's throughput binds, the
+    deadline twin's blocked time at most half FIFO's (the paired ratio's upper bound <= 0.5); where it does
+    not, no change in the loop time (the paired ratio's whole interval within +-3%). Judged for the pair of
+    ``recommended``; the other pairs are variant rows. Fewer than two seeds: not measured."""
+    out = []
+    for row in table:
+        if row["judge_binds"]:
+            name, figure = (f"blocked time (trainer-timed) at most half FIFO's (paired ratio - 1, upper bound "
+                            f"<= {GOAL_BLOCKED_VS_FIFO:+.0%})"), row["blocked_vs_fifo"]
+            passed = figure is not None and figure["high"] <= GOAL_BLOCKED_VS_FIFO
+        else:
+            name, figure = f"loop time unchanged (paired ratio - 1 within +-{GOAL_UNCHANGED:.0%})", row["loop_vs_fifo"]
+            passed = figure is not None and -GOAL_UNCHANGED <= figure["low"] and figure["high"] <= GOAL_UNCHANGED
+        out.append({"trainer": row["trainer"], "goal": f"{row['deadline']} vs {row['fifo']}: {name} ({row['regime']})",
+                    "regime": row["regime"], "mode": row["deadline"], "kind": "blocked_vs_fifo" if row["judge_binds"] else "loop_vs_fifo",
+                    "variant": row["fifo"] != recommended, "figure": figure, "pass": None if figure is None else passed})
     return out
 
 
@@ -1143,6 +1219,8 @@ def markdown(report: dict) -> str:
                      f"| — | {'—' if held_out else interval} | {worse} |")
     if any(row.get("outside_step_timers_s") for row in report["timing"]):
         lines += ["", *anchor_markdown(report)]
+    if report.get("admission"):
+        lines += ["", *admission_markdown(report)]
     lines += ["", "| trainer | goal | figure | result |", "|---|---|---|---|"]
     for goal in report["goals"]:
         lines.append(f"| {goal['trainer']} | {goal['goal']} | {goal_figure(goal)} | {verdict_text(goal, markdown=True)} |")
@@ -1175,6 +1253,30 @@ def anchor_markdown(report: dict) -> list[str]:
     return lines
 
 
+def admission_markdown(report: dict) -> list[str]:
+    """Issue 46's table: per regime and contestant, FIFO beside its deadline twin (median [min, max] over
+    seeds) and the twin's figure over FIFO's, paired within a seed (95% interval)."""
+    lines = ["| trainer | regime | judge binds | contestant: FIFO / deadline | blocked s (trainer-timed), FIFO / deadline "
+             "| blocked, deadline / FIFO - 1 (paired) | blocked, deadline - FIFO s (paired) | loop time s, FIFO / deadline "
+             "| loop time, deadline / FIFO - 1 (paired) | 429s | judge goodput of its limit | trained on a failed call's 0 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in report["admission"]:
+        fifo, deadline = row["fifo_figures"], row["deadline_figures"]
+
+        def both(key, pct=False):
+            return f"{_fmt(fifo[key], pct)} / {_fmt(deadline[key], pct)}"
+
+        def counts(key):
+            return " / ".join("—" if side[key] is None else str(side[key]) for side in (fifo, deadline))
+
+        lines.append(f"| {row['trainer']} | {_regime_cell(report, row['trainer'], row['regime'])} "
+                     f"| {'yes' if row['judge_binds'] else 'no'} | {row['fifo']} / {row['deadline']} | {both('blocked_s')} "
+                     f"| {_fmt_interval(row['blocked_vs_fifo'], pct=True)} | {_fmt_interval(row['blocked_minus_fifo_s'])} "
+                     f"| {both('loop_time_s')} | {_fmt_interval(row['loop_vs_fifo'], pct=True)} | {counts('judge_throttled')} "
+                     f"| {both('judge_goodput_of_limit', True)} | {counts('trained_failed_zero')} |")
+    return lines
+
+
 def setup_text(report: dict) -> str:
     seeds = ", ".join(f"{t}: {len(s)} seed{'s' if len(s) != 1 else ''} ({','.join(map(str, s))})"
                       for t, s in report["seeds_run"].items())
@@ -1186,9 +1288,14 @@ def setup_text(report: dict) -> str:
     text = (f"{report['steps']} steps per run; {seeds}; C (step compute the regimes scale with) = {compute}; "
             f"regimes: {regimes}. Cells: median [min, max] over seeds, ratios paired within a seed.")
     if report.get("recommended"):
+        judged = (f"; issue 43's goals judge `{report['recommended']}`"
+                  if VERL_COLOCATE in report.get("modes", [VERL_COLOCATE]) else "")
         text += (f" Zero-latency bounds start up and train in the group of the runs they bound; loop time runs from the "
-                 f"start gate; decode {report.get('decode_s_per_token') or 0:g} s per token; issue 43's goals judge "
-                 f"`{report['recommended']}`.")
+                 f"start gate; decode {report.get('decode_s_per_token') or 0:g} s per token{judged}.")
+    if report.get("admission"):
+        text += (" Issue 46: each contestant with the agent's admission_order fifo (the default) and its deadline twin "
+                 "(the same command plus reward.async_agent.admission_order=deadline), paired within a seed and start-up group; blocked time: "
+                 "the reward wait the trainer timed beyond its same-mode bound's.")
     for note in report.get("notes", []):
         text += f" {note}"
     return text
@@ -1228,8 +1335,11 @@ def analyse(records: list[dict], recommended: Optional[str] = None) -> dict:
     comparisons = (paired_comparison(records, "both_mask", "both_neutral")
                    + [row for mode in [STOCK, "both_mask"] for row in failure_cost(records, mode)])
     anchor = anchor_goals(records, recommended) if recommended and any(r["mode"] == VERL_COLOCATE for r in records) else []
-    return {"timing": timing, "learning": learning, "comparisons": comparisons,
-            "goals": goals(timing, learning, comparisons) + anchor, "queue_bias": queue_bias(records)}
+    # issue 46's A/B, where a deadline twin ran (--admission-ab)
+    admission = admission_table(records)
+    return {"timing": timing, "learning": learning, "comparisons": comparisons, "admission": admission,
+            "goals": goals(timing, learning, comparisons) + anchor + admission_goals(admission, recommended or RECOMMENDED),
+            "queue_bias": queue_bias(records)}
 
 
 def report_notes(records: list[dict]) -> list[str]:
@@ -1336,20 +1446,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--anchor", action="store_true",
                         help=f"issue 43: v1, seeds 0-4, regimes {','.join(ANCHOR_REGIMES)}, stock, both, tail_auto and "
                              f"verl's colocate_async (its reward loop, and {AGENT_COLOCATE}); goals judged for --recommended")
+    parser.add_argument("--admission-ab", action="store_true",
+                        help=f"issue 46: v1, seeds 0-4, regimes {','.join(ADMISSION_REGIMES)} (the judge binds / does not), "
+                             f"each of {', '.join(DEADLINE_TWINS)} with admission_order fifo (the default) and deadline "
+                             f"({', '.join(DEADLINE_TWINS.values())}), beside stock; bench/results/e2e_admission.json")
     parser.add_argument("--recommended", default=RECOMMENDED,
                         help=f"the configuration issue 43's goals judge (default {RECOMMENDED}); the other candidates "
                              f"({', '.join(c for c in CANDIDATES)}) are shown against the same thresholds")
     args = parser.parse_args(argv)
-    if args.anchor and args.quick:
-        parser.error("--anchor and --quick are two plans: choose one")
+    if args.anchor + args.quick + args.admission_ab > 1:
+        parser.error("--anchor, --admission-ab and --quick are different plans: choose one")
     if args.anchor:
         args.trainers, args.seeds, args.regimes = "v1", "0,1,2,3,4", ",".join(ANCHOR_REGIMES)
         args.strategies, args.failure_modes = f"both,tail_auto,{VERL_COLOCATE},{AGENT_COLOCATE}", ""
         if args.decode_s is None:  # a GPU-like token time: generation is still running when colocate_async samples
             args.decode_s = ANCHOR_DECODE_S
+    if args.admission_ab:  # the anchor's judges and decode time, each contestant both ways
+        args.trainers, args.seeds, args.regimes = "v1", "0,1,2,3,4", ",".join(ADMISSION_REGIMES)
+        args.strategies = ",".join(m for pair in DEADLINE_TWINS.items() for m in pair)
+        args.failure_modes = ""
+        if args.decode_s is None:
+            args.decode_s = ANCHOR_DECODE_S
     args.decode_s = args.decode_s or 0.0
     if args.out is None:
-        args.out = str(RESULTS / ("e2e_anchor.json" if args.anchor else "e2e.json"))
+        args.out = str(RESULTS / ("e2e_anchor.json" if args.anchor else "e2e_admission.json" if args.admission_ab else "e2e.json"))
     if args.quick:
         args.trainers, args.steps, args.seeds, args.regimes = "v1", 2, "0", "heavy_2.5x"
         args.out = args.out.replace(".json", "_quick.json")
@@ -1376,7 +1496,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                if (why := mode_unavailable(m, t))}
     for what, why in skipped.items():
         print(f"SKIPPING {what}: {why}", flush=True)
-    if any(MODES[m] == COLOCATE for m in strategies) and "v1" in trainers and not async_fast_poll_supported():
+    if any(colocate(m) for m in strategies) and "v1" in trainers and not async_fast_poll_supported():
         print("WARNING: this CPU backend's fast v1 sampler does not cover colocate_async: its runs keep verl's 2 s "
               "replay-buffer poll, and their loop times are not comparable to the others' (reported)", flush=True)
 
@@ -1400,6 +1520,13 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{' + a calibration run' if calibrate else ''}); ~{plan_cost_s(runs) / 60:.0f} min at ~{RUN_COST_S} s a run "
           f"(~{VERL_REWARD_LOOP_RUN_COST_S} s with verl's 8 reward-loop workers) on a quiet machine", flush=True)
     if args.dry_run:
+        pairs = [(fifo, twin) for fifo, twin in DEADLINE_TWINS.items() if twin in strategies]
+        if pairs:
+            print("issue 46's A/B (FIFO / deadline): " + "; ".join(
+                f"{fifo} / {twin}{'' if fifo == args.recommended else ' (a variant)'}" for fifo, twin in pairs)
+                + f"; goals: where the judge binds ({', '.join(r for t in trainers for r in regimes_of[t] if REGIMES[r].throughput_binds)})"
+                f" deadline's blocked time / FIFO's - 1 <= {GOAL_BLOCKED_VS_FIFO:+.0%} (upper bound), elsewhere the loop "
+                f"time's within +-{GOAL_UNCHANGED:.0%}", flush=True)
         for run in runs:
             where = f" (bound, {run.group} group)" if run.group and run.group != CALIBRATION else \
                 (" (calibration: measures C)" if run.group == CALIBRATION else "")
@@ -1505,7 +1632,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                           regimes=list(dict.fromkeys(r for rs in regimes_of.values() for r in rs)) if not args.quick else ["heavy_2.5x"],
                           regime_compute=regime_compute, fingerprint=fingerprint, decode_s=args.decode_s, skipped=skipped,
                           failed=failed, missing=missing, started=started, from_cache=from_cache, retried=retried,
-                          recommended=args.recommended if any(MODES[m] == COLOCATE for m in strategies) else None,
+                          recommended=args.recommended if any(colocate(m) for m in strategies) else None,
                           recalibrated=recalibrated)
     print_report(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

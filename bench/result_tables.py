@@ -18,7 +18,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_throughput import markdown as agent_markdown  # noqa: E402
 from bench.backpressure import markdown as backpressure_markdown  # noqa: E402
-from bench.e2e import AGENT_COLOCATE, STOCK, VERL_COLOCATE, anchor_goals, goals, timing_table  # noqa: E402
+from bench.e2e import (  # noqa: E402
+    AGENT_COLOCATE,
+    RECOMMENDED,
+    STOCK,
+    VERL_COLOCATE,
+    admission_goals,
+    admission_table,
+    anchor_goals,
+    goals,
+    timing_table,
+)
 from bench.e2e import markdown as e2e_markdown  # noqa: E402
 from bench.fault_suite import markdown as fault_markdown  # noqa: E402
 from bench.pool_e2e import markdown as pooled_markdown  # noqa: E402
@@ -63,8 +73,11 @@ def e2e_report(path: Path) -> dict:
     report = json.loads(path.read_text())
     report["timing"] = timing_table(report["records"])
     report["goals"] = goals(report["timing"], report["learning"], report["comparisons"])
-    if report.get("recommended"):  # issue 43's goals against verl's colocate_async (bench/e2e.py --anchor)
-        report["goals"] += anchor_goals(report["records"], report["recommended"])
+    if report.get("recommended") and any(r["mode"] == VERL_COLOCATE for r in report["records"]):
+        report["goals"] += anchor_goals(report["records"], report["recommended"])  # issue 43's (bench/e2e.py --anchor)
+    if "admission" in report:  # issue 46's A/B (bench/e2e.py --admission-ab)
+        report["admission"] = admission_table(report["records"])
+        report["goals"] += admission_goals(report["admission"], report.get("recommended") or RECOMMENDED)
     return report
 
 

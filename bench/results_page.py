@@ -25,6 +25,7 @@ RESULTS = ROOT / "bench" / "results"
 PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 ANCHOR = RESULTS / "e2e_anchor.json"
+ADMISSION = RESULTS / "e2e_admission.json"
 SUITE_TIME = RESULTS / "suite_time.json"
 README_BEGIN = "<!-- results: python bench/results_page.py --write -->"
 README_END = "<!-- /results -->"
@@ -106,6 +107,9 @@ def page() -> str:
     if anchor is not None:
         parts.append(_section("Against verl's own asynchronous trainer", ANCHOR.name, anchor,
                               e2e_markdown(e2e_report(ANCHOR))))
+    if ADMISSION.exists():
+        parts.append(_section("Admission order: first in, first out against deadline-aware (issue 46)", ADMISSION.name,
+                              _load(ADMISSION.name), e2e_markdown(e2e_report(ADMISSION))))
     everything = tables()
     demo = _load("demo/demo.json")
     if demo is not None:

@@ -103,6 +103,25 @@ RECOMMENDED = AGENT_COLOCATE
 # trees: the pipeline's async_reward/blocked_s only).
 TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen"}
 OWN_WAIT_KEYS = ("timing_s/reward_wait", "async_reward/blocked_s")
+# Issue 46: the agent's opt-in admission_order: deadline (verl_async_rm/engine/admission_order.py): when
+# the judge's throughput binds, queued requests start in the order the trainer needs them. A contestant's
+# deadline twin is the same command plus this one agent setting (spelled as the other reward.async_agent
+# settings: the runs' entry point, verl_async_rm.main_ppo, declares the key, and takes it with or without
+# "+"); the contestant itself is the FIFO side (the default, its command unchanged). bench/e2e.py
+# --admission-ab runs each pair in ADMISSION_REGIMES.
+DEADLINE = ["reward.async_agent.admission_order=deadline"]
+DEADLINE_TWINS = {AGENT_COLOCATE: f"{AGENT_COLOCATE}_deadline", "tail_auto": "tail_auto_deadline"}
+MODES |= {twin: [*MODES[fifo], *DEADLINE] for fifo, twin in DEADLINE_TWINS.items()}
+STOCK_COMMAND |= {twin: STOCK_COMMAND[fifo] for fifo, twin in DEADLINE_TWINS.items() if fifo in STOCK_COMMAND}
+TRAINER_WAIT_KEY |= {twin: TRAINER_WAIT_KEY[fifo] for fifo, twin in DEADLINE_TWINS.items() if fifo in TRAINER_WAIT_KEY}
+# The A/B's judges: judge_real, whose throughput binds (a token bucket at 80% of the demand), and tail_1x,
+# where it does not (no limit, and the agent's concurrency, 64, above a step's 32 requests)
+ADMISSION_REGIMES = ("judge_real", "tail_1x")
+
+
+def colocate(mode: str) -> bool:
+    """Whether ``mode`` runs verl's colocate_async trainer mode (a deadline twin included)."""
+    return COLOCATE[0] in MODES[mode]
 
 
 def reward_manager(mode: str) -> str:
@@ -202,6 +221,11 @@ class Regime:
         if self.http:
             out.append(f"+reward.max_rpm={round(self.limit_per_s(compute_s) * 60, 3)}")
         return out
+
+    @property
+    def throughput_binds(self) -> bool:
+        """The judge answers fewer requests per second than the trainer asks for (a limit below the demand)."""
+        return 0 < self.limit_x < 1
 
     @property
     def timing(self) -> bool:

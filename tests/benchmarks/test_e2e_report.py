@@ -1081,3 +1081,152 @@ def test_the_anchor_plan_runs_verls_best_and_the_agent_beside_stock_and_this_pac
         e2e.main(["--anchor", "--quick", "--dry-run"])
     with pytest.raises(SystemExit):
         e2e.main(["--anchor", "--recommended", VERL, "--dry-run"])  # verl's own is the anchor, not a candidate
+
+
+# ---------------------------------------------------------------------------------------------- issue 46: admission order, FIFO vs deadline
+
+FIFO_CO, DEADLINE_CO = AGENT_CO, e2e.DEADLINE_TWINS[AGENT_CO]
+
+
+@pytest.mark.quick
+def test_a_deadline_twin_is_its_contestants_command_plus_the_admission_order_alone(monkeypatch):
+    monkeypatch.setattr(e2e, "async_fast_poll_supported", lambda: True)
+    assert e2e.DEADLINE_TWINS == {AGENT_CO: "colocate_async_agent_deadline", "tail_auto": "tail_auto_deadline"}
+    for fifo, twin in e2e.DEADLINE_TWINS.items():
+        assert e2e.MODES[twin] == [*e2e.MODES[fifo], "reward.async_agent.admission_order=deadline"]
+        assert not any("admission_order" in o for o in e2e.MODES[fifo])  # FIFO: the default, the command unchanged
+        for regime in ("judge_real", "tail_1x", "zero"):
+            settings = {m: e2e.run_settings(Run("v1", 0, regime, m), 0.8, 0.0) for m in (fifo, twin)}
+            assert [o for o in settings[twin]["overrides"] if "admission_order" not in o] == settings[fifo]["overrides"]
+            assert {**settings[twin], "overrides": None} == {**settings[fifo], "overrides": None}  # same judge, manager, poll
+    # the colocate twin is a verl user's command too (verl's 8 reward-loop workers) and its wait is verl's timer
+    assert e2e.STOCK_COMMAND[DEADLINE_CO] == e2e.STOCK_COMMAND[FIFO_CO] == 8
+    assert e2e.trainer_wait(DEADLINE_CO, {"timing_s/gen": [0.5, 0.25]}) == ("timing_s/gen", 0.75)
+    assert e2e.mode_unavailable(DEADLINE_CO, "v0") and e2e.mode_unavailable(DEADLINE_CO, "v1") is None
+    assert REGIMES["judge_real"].throughput_binds and not REGIMES["tail_1x"].throughput_binds
+
+
+@pytest.mark.quick
+def test_the_admission_plan_runs_each_contestant_both_ways_beside_stock_with_bounds_in_their_groups(capsys):
+    assert e2e.main(["--admission-ab", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    plan = [line.split() for line in out.splitlines() if line.startswith("  v1 seed")]
+    assert {p[2] for p in plan} == {"0", "1", "2", "3", "4"}
+    assert {p[3] for p in plan} == {"zero", "judge_real", "tail_1x"}
+    assert {p[4] for p in plan} == {"baseline", FIFO_CO, DEADLINE_CO, "tail_auto", "tail_auto_deadline"}
+    assert len(plan) == 5 * 2 * 5 * 2 + 1  # seeds x regimes x (stock + 2 pairs) x (run, bound) + the calibration run
+    for regime in ("judge_real", "tail_1x"):
+        assert sum(f"(bound, {regime} group)" in line for line in out.splitlines()) == 5 * 5
+    # a (seed, regime)'s runs and their bounds are one start-up group: consecutive in the plan
+    runs = e2e.plan_runs({"v1": [0, 1, 2, 3, 4]}, {"v1": plan_cells(["judge_real", "tail_1x"], [m for pair in e2e.DEADLINE_TWINS.items() for m in pair], [])}, set())
+    keys = [startup_group(r) for r in runs]
+    assert len([k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]) == len(set(keys)) == 5 * 2
+    assert f"{FIFO_CO} / {DEADLINE_CO}; tail_auto / tail_auto_deadline (a variant)" in out and "min at" in out
+    for other in ("--anchor", "--quick"):
+        with pytest.raises(SystemExit):
+            e2e.main(["--admission-ab", other, "--dry-run"])
+
+
+def admission_seed(seed, regime, fifo_blocked, deadline_blocked, fifo_loop=20.0, deadline_loop=20.0, fifo=FIFO_CO,
+                   twin=DEADLINE_CO, judge=None):
+    """One seed's FIFO run and its deadline twin, each beside its own bound in the regime's group (the bound's
+    trainer-timed wait: 2.0 s, so the blocked time is the wait beyond it)."""
+    return [arec(seed, regime, fifo, fifo_loop, wait=2.0 + fifo_blocked, judge=judge, failed=0),
+            arec(seed, "zero", fifo, 12.0, wait=2.0, group=regime),
+            arec(seed, regime, twin, deadline_loop, wait=2.0 + deadline_blocked, judge=judge, failed=0),
+            arec(seed, "zero", twin, 12.0, wait=2.0, group=regime)]
+
+
+def admission_goal(goals_, regime, mode=DEADLINE_CO):
+    return next(g for g in goals_ if g.get("mode") == mode and g.get("regime") == regime and "vs" in g["goal"])
+
+
+@pytest.mark.quick
+def test_issue_46_goals_blocked_time_halved_where_the_judge_binds_and_no_change_where_it_does_not():
+    judge = {"goodput_of_limit": 0.9, "throttled_after_first_second": 0.0, "requests_per_trained_sample": 1.0, "throttled": 2}
+    records = []
+    for seed, (blocked, ratio) in enumerate([(8.0, 0.30), (9.0, 0.35), (7.5, 0.25), (8.5, 0.32), (8.0, 0.28)]):
+        records += admission_seed(seed, "judge_real", blocked, blocked * ratio, 26.0, 24.0, judge=judge)
+        records += admission_seed(seed, "tail_1x", 3.0, 3.0, 18.0, 18.0 * (1 + 0.005 * (seed - 2)))
+        # the staleness pool's pair: deadline changes nothing where the judge binds
+        records += admission_seed(seed, "judge_real", 6.0 + 0.1 * seed, 6.0, fifo="tail_auto", twin="tail_auto_deadline")
+    analysis = e2e.analyse(records, recommended=AGENT_CO)
+    table = {(row["regime"], row["fifo"]): row for row in analysis["admission"]}
+    assert set(table) == {("judge_real", FIFO_CO), ("tail_1x", FIFO_CO), ("judge_real", "tail_auto")}
+    bound = table["judge_real", FIFO_CO]
+    assert bound["judge_binds"] and not table["tail_1x", FIFO_CO]["judge_binds"]
+    assert bound["fifo_figures"]["blocked_s"]["median"] == pytest.approx(8.0)  # the wait beyond the same-mode bound's
+    assert bound["blocked_vs_fifo"]["mean"] == pytest.approx(0.30 - 1, abs=1e-3) and bound["blocked_vs_fifo"]["n"] == 5
+    assert bound["loop_vs_fifo"]["mean"] == pytest.approx(24 / 26 - 1, abs=1e-4)
+    assert bound["fifo_figures"]["judge_throttled"] == 10 and bound["deadline_figures"]["trained_failed_zero"] == 0
+    met = analysis["goals"]
+    halved = admission_goal(met, "judge_real")
+    assert halved["pass"] is True and not halved["variant"] and halved["figure"]["high"] <= -0.5
+    assert admission_goal(met, "tail_1x")["pass"] is True  # -1%..+1%: within +-3%
+    pool = admission_goal(met, "judge_real", "tail_auto_deadline")
+    assert pool["variant"] and pool["pass"] is False and e2e.verdict_text(pool, markdown=True) == "**below it**"
+    assert not [g for g in met if g["goal"].startswith("issue 43") or "verl colocate_async" in g["goal"]]  # no verl: no anchor goals
+    text = e2e.markdown({"setup": "s", "timing": analysis["timing"], "learning": [], "comparisons": [], "goals": met,
+                         "admission": analysis["admission"], "compute_per_step_s": {}, "regime_compute_s": {"v1": 1.0}})
+    assert f"| v1 | judge_real (1.00 s) | yes | {FIFO_CO} / {DEADLINE_CO} | 8.00 [7.50, 9.00] / " in text
+    assert "| v1 | tail_1x (1.00 s) | no |" in text and "| 10 / 10 |" in text
+    assert "at most half FIFO's" in text and "| PASS |" in text
+
+    # fails: deadline's blocked time only 0.6x FIFO's where the judge binds; +5% loop time where it does not
+    worse = []
+    for seed, jitter in enumerate([0.0, 0.02, -0.02, 0.01, -0.01]):
+        worse += admission_seed(seed, "judge_real", 8.0, 8.0 * (0.6 + jitter), judge=judge)
+        worse += admission_seed(seed, "tail_1x", 3.0, 3.0, 18.0, 18.0 * (1.05 + jitter))
+    failed = e2e.analyse(worse, recommended=AGENT_CO)["goals"]
+    assert admission_goal(failed, "judge_real")["pass"] is False and admission_goal(failed, "tail_1x")["pass"] is False
+    assert e2e.verdict_text(admission_goal(failed, "judge_real"), markdown=True) == "**FAIL**"
+    # "no change" is the whole interval within +-3%: a mean of +0.5% with a wide interval fails
+    noisy = []
+    for seed, ratio in enumerate([0.96, 1.05, 1.0, 1.03, 0.985]):
+        noisy += admission_seed(seed, "tail_1x", 3.0, 3.0, 18.0, 18.0 * ratio)
+    loop = admission_goal(e2e.analyse(noisy)["goals"], "tail_1x")
+    assert -0.03 < loop["figure"]["mean"] < 0.03 and loop["figure"]["high"] > 0.03 and loop["pass"] is False
+    # a seed whose FIFO run exposed no blocked time has no ratio (its difference in seconds still counts);
+    # one seed: no interval, never a pass
+    zero = admission_seed(0, "judge_real", 0.0, 0.5) + admission_seed(1, "judge_real", 8.0, 2.0) + admission_seed(2, "judge_real", 8.0, 3.0)
+    row = e2e.admission_table(zero)[0]
+    assert row["blocked_vs_fifo"]["n"] == 2 and row["blocked_minus_fifo_s"]["n"] == 3
+    assert admission_goal(e2e.analyse(admission_seed(0, "judge_real", 8.0, 1.0))["goals"], "judge_real")["pass"] is None
+
+
+@pytest.mark.local
+def test_main_runs_the_admission_ab_and_judges_its_goals_from_the_runs_it_made(tmp_path, monkeypatch):
+    """The A/B through main with fake runs: each run's overrides reach it (the twin's admission_order), and the
+    report's rows and goals come from what the runs timed."""
+    import verl_async_rm_rig.cpu_backend.launch as launch
+
+    calls = []
+
+    def execute_group(jobs, steps, progress, parallel):
+        outcomes = []
+        for job in jobs:
+            calls.append((job.run, job.settings))
+            deadline = "reward.async_agent.admission_order=deadline" in job.settings["overrides"]
+            binds = "server" in job.settings["judge"]  # judge_real: the wait on the judge's limit
+            wait = 0.1 + (0.0 if job.run.regime == "zero" else (0.2 if deadline else 0.6) if binds else 0.05)
+            summary = ModeResult(job.run.mode, [0.8 + wait] * steps, {"gen": [wait] * steps}, [], [0.3] * steps)
+            outcomes.append(e2e.Outcome(summary, {"timing_s/gen": [wait] * steps, "timing_s/reward_wait": [wait] * steps},
+                                        1.0, {}))
+        return outcomes
+
+    monkeypatch.setattr(e2e, "execute_group", execute_group)
+    monkeypatch.setattr(e2e, "mode_unavailable", lambda mode, trainer: None)
+    monkeypatch.setattr(launch, "prepare_assets", lambda cfg: cfg)
+    out = tmp_path / "e2e_admission.json"
+    assert e2e.main(["--admission-ab", "--steps", "2", "--compute", "v1=0.8", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert len(calls) == 100 and {s["decode_s"] for _, s in calls} == {e2e.ANCHOR_DECODE_S}
+    assert all(("admission_order=deadline" in " ".join(s["overrides"])) == r.mode.endswith("_deadline") for r, s in calls)
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("python bench/e2e.py --admission-ab")
+    assert [(row["regime"], row["fifo"]) for row in report["admission"]] == [
+        ("judge_real", FIFO_CO), ("judge_real", "tail_auto"), ("tail_1x", FIFO_CO), ("tail_1x", "tail_auto")]
+    met = [g for g in report["goals"] if g.get("kind") in ("blocked_vs_fifo", "loop_vs_fifo")]
+    assert [(g["regime"], g["mode"], g["variant"], g["pass"]) for g in met] == [
+        ("judge_real", DEADLINE_CO, False, True), ("judge_real", "tail_auto_deadline", True, True),
+        ("tail_1x", DEADLINE_CO, False, True), ("tail_1x", "tail_auto_deadline", True, True)]
+    assert "Issue 46" in report["setup"] and "issue 43's goals judge" not in report["setup"]
