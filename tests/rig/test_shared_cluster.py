@@ -77,6 +77,9 @@ def test_base_env_drops_another_clusters_address_and_a_runs_own_settings():
     env = base_env({"RAY_ADDRESS": "10.0.0.1:6379", TMP_DIR_ENV: "/tmp/old", "KEEP": "x", "OMP_NUM_THREADS": "4"})
     assert "RAY_ADDRESS" not in env and TMP_DIR_ENV not in env
     assert env["KEEP"] == "x" and env["OMP_NUM_THREADS"] == "4" and env["RAY_AUTH_MODE"] == "disabled"
+    # Ray's idle prestarted workers, which no run uses: off unless the environment asks for them
+    assert env["RAY_prestart_worker_first_driver"] == "0"
+    assert base_env({"RAY_prestart_worker_first_driver": "1"})["RAY_prestart_worker_first_driver"] == "1"
 
 
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
