@@ -266,18 +266,21 @@ def fmt_spread(s: dict, unit: str = "", digits: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=10_000)
-    parser.add_argument("--latency-samples", type=int, default=2_000)
-    parser.add_argument("--in-flight", type=int, default=10_000)
+    # each size: (full, --quick); one given on the command line wins over both
+    sizes = {"samples": (10_000, 400, "zero-latency samples"), "latency_samples": (2_000, 96, "0.1-0.5 s samples"),
+             "in_flight": (10_000, 192, "requests in flight"), "rounds": (7, 2, "rounds of the zero-latency contest"),
+             "latency_rounds": (3, 1, "rounds of the 0.1-0.5 s contest")}
+    for name, (full, quick, what) in sizes.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"{what} ({full:,}; --quick: {quick:,})")
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of the zero-latency contest")
-    parser.add_argument("--latency-rounds", type=int, default=3, help="rounds of the 0.1-0.5 s contest")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random phases")
     parser.add_argument("--quick", action="store_true", help="tiny sizes for CI: checks the script runs")
     parser.add_argument("--out", default=str(RESULTS / "agent_throughput.json"))
     args = parser.parse_args()
+    for name, (full, quick, _) in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.quick:
-        args.samples, args.latency_samples, args.in_flight, args.rounds, args.latency_rounds = 400, 96, 192, 2, 1
         args.out = args.out.replace(".json", "_quick.json")
     from verl_async_rm_rig.cpu_backend.tiny_model import build_tokenizer
     import tempfile

@@ -17,9 +17,12 @@ from tests.conftest import ROOT
 @pytest.mark.parametrize(
     "script, keys, options",
     [
-        ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"}, []),
+        # sizes below --quick's (no number is asserted: every part of the script runs, on fewer samples, one round)
+        ("agent_throughput.py", {"throughput_scores_per_s", "get_wakeup", "in_flight", "targets_met", "machine", "command"},
+         ["--rounds", "1", "--samples", "128", "--latency-samples", "16", "--in-flight", "64"]),
         # bench/fault_suite.py --quick --fault agent: run and checked by tests/judge_ops/test_fault_suite.py
-        ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}, []),
+        # one latency tail of --quick's three: each tail runs the same code (both orders) on a longer sleep
+        ("mini_batch_order.py", {"rows", "compute_per_step_s", "machine", "command"}, ["--tails", "0.4"]),
         ("hot_path.py", {"memory", "deadline", "summary", "targets", "machine", "command"}, []),
     ],
 )

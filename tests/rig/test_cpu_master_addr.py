@@ -12,7 +12,9 @@ import pytest
 
 from verl_async_rm_rig import cpu_backend
 
-pytestmark = pytest.mark.local
+# ray: its fixtures use the session's Ray instance (ray_session); under `-n 2 --dist loadgroup` the scheduler
+# (tests/conftest.py) then puts this module with the other Ray modules, on the worker that already started Ray
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture

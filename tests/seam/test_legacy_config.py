@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -148,9 +149,12 @@ CASES = {
 @pytest.fixture(scope="module")
 def stock_runs(tmp_path_factory):
     names = list(CASES)
-    with_us = run_stock_main([CASES[n] for n in names], tmp_path_factory.mktemp("with"))
-    without_us = run_stock_main([CASES[n] for n in names], tmp_path_factory.mktemp("without"), without_plugin=True)
-    return dict(zip(names, with_us)), dict(zip(names, without_us))
+    cases = [CASES[n] for n in names]
+    # two independent processes (each its own cwd): side by side, each mostly importing verl
+    with ThreadPoolExecutor(2) as pool:
+        with_us = pool.submit(run_stock_main, cases, tmp_path_factory.mktemp("with"))
+        without_us = pool.submit(run_stock_main, cases, tmp_path_factory.mktemp("without"), without_plugin=True)
+        return dict(zip(names, with_us.result())), dict(zip(names, without_us.result()))
 
 
 @pytest.mark.parametrize("case", ["string", "plus_name", "current_selector_legacy_reward", "megatron_config"])

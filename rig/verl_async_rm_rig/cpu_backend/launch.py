@@ -342,6 +342,15 @@ def base_env(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0",
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            # Ray prestarts idle workers when a cluster's first driver connects (two on a 2-core
+            # machine), without the job's runtime env; every run's job has one (verl's ray_init and
+            # this launcher's env vars), so no task or actor of a run ever takes them (Ray 2.60: an
+            # actor of such a job starts a worker of its own beside the two idle ones). Each costs
+            # ~0.3 CPU-s and ~80 MB at every run's start-up for nothing. Off for every run (the
+            # tests' too), as the demo (demo.RAY_SETTINGS) and bench/e2e.py already had it; a shared
+            # cluster gets it as well (SharedCluster starts its daemons with this environment), so
+            # its runs match it (job_runtime_env_vars). An environment that sets it keeps its value.
+            "RAY_prestart_worker_first_driver": env.get("RAY_prestart_worker_first_driver", "0"),
             "PYTHONUNBUFFERED": "1",
             "HYDRA_FULL_ERROR": "1",
             "HF_HUB_OFFLINE": "1",
