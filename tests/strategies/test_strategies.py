@@ -42,8 +42,8 @@ from tests.helpers.seam_reward import fails
 from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
 from verl_async_rm_rig.cpu_backend.toy_task import score_text, write_dataset
 
-# The first test's setup runs the module's shared fixture (trained): every run of the module, 21
-# trainers (11 RUNS, 6 POOLS, 4 RESUMES: ORDER), two at a time (train_together; ~1 min each on 2 idle
+# The first test's setup runs the module's shared fixture (trained): every run of the module, 20
+# trainers (10 RUNS, 6 POOLS, 4 RESUMES: ORDER), two at a time (train_together; ~1 min each on 2 idle
 # cores), more than the suite's 900 s per-test timeout allows.
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(2400)]
 
