@@ -151,13 +151,30 @@ def page() -> str:
     return "\n".join(part for part in parts if part)
 
 
+def against_verl(report: dict) -> str:
+    """One sentence per regime: each configuration's loop time against verl's colocate_async with its own
+    reward loop, paired within a seed (the report's ``loop_vs_verl`` goals: mean and 95% interval)."""
+    rows = [g for g in report.get("goals", []) if g.get("kind") == "loop_vs_verl" and g["trainer"] == "v1"]
+    parts = []
+    for regime in dict.fromkeys(g["regime"] for g in rows):
+        cells = [f"{CONTESTANTS.get(g['mode'], g['mode'])} {g['figure']['mean']:+.1%} "
+                 f"[{g['figure']['low']:+.1%}, {g['figure']['high']:+.1%}]" for g in rows if g["regime"] == regime]
+        parts.append(f"{regime}: " + "; ".join(cells))
+    if not parts:
+        return ""
+    return ("Loop time against verl's `colocate_async` with its reward loop, paired within a seed (mean, 95% "
+            "interval): " + " · ".join(parts) + ".\n")
+
+
 def readme_block() -> str:
     anchor = _load(ANCHOR.name)
     if anchor is None:
         return ""
     missing = len(anchor.get("missing_runs") or [])
     partial = f" ({missing} runs of the planned seeds still to run: a partial benchmark)" if missing else ""
-    return (f"{anchor_table(e2e_report(ANCHOR))}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds{partial} "
+    report = e2e_report(ANCHOR)
+    return (f"{anchor_table(report)}\n{against_verl(report)}\nMedians over {len({r['seed'] for r in anchor['records']})} seeds{partial}, "
+            "\"trained on a failed call's 0\" summed over them "
             f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); \"—\": not measured there (stock `sync` "
             "scores inside generation, so its whole wait is in its loop time; only `judge_real` has a judge that answers "
             "429). Every figure, interval and goal: [docs/results.md](docs/results.md).\n")

@@ -220,8 +220,10 @@ V1_MODE = "async_reward"
 class VerlColocateAsync:
     """How ``off_policy_steps`` alone on v1 runs: as verl's own ``trainer_mode=colocate_async`` with the
     agent as its reward manager. That mode already scores each batch's rewards while the next one
-    generates, one step behind; the end-to-end benchmark against it (``bench/results/e2e_anchor.json``)
-    measured no win for a second implementation here, so the flag configures verl's instead. verl's
+    generates, one step behind; a second implementation here would have to earn its place by a measured
+    win, and in the end-to-end benchmark against it (``bench/results/e2e_anchor.json``) generation ahead
+    won only together with the mini-batch pipeline (which keeps this package's trainer), so the flag
+    alone configures verl's mode instead. verl's
     replay buffer bounds the staleness: ``global_steps - submitted_at + 1`` at most
     ``max_off_policy_threshold``, and with ``wait`` a step samples only once no prompt still in flight
     has reached it, so a step never trains a sample more than ``off_policy_steps`` versions old."""
