@@ -6,7 +6,7 @@
 # LATENCY_LO..LATENCY_HI seconds per sample (1-40 s), one node of 8 GPUs, vLLM rollout, six lanes:
 #   baseline    verl's trainer, rewards scored through the async_agent manager inside verl's agent loop
 #   pipeline    + mini_batch_pipeline=true (update on each PPO mini-batch of scored groups)
-#   off_policy  + off_policy_steps=1 (generate the next batch while this one's rewards are in flight)
+#   off_policy  + off_policy_steps=1 (generate the next batch while this one's rewards are in flight; on v1 that is verl's colocate_async with the agent)
 #   both        + both
 #   colocate_async        verl's trainer_mode=colocate_async with verl's own reward loop (rate_limited)
 #   colocate_async_agent  verl's trainer_mode=colocate_async with the async_agent manager

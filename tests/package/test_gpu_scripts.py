@@ -25,7 +25,8 @@ SCRIPTS = {
 }
 # lane -> (mini_batch_pipeline, off_policy_steps, trainer_mode, reward manager)
 LANES = {"baseline": (False, 0, "sync", "async_agent"), "pipeline": (True, 0, "async_reward", "async_agent"),
-         "off_policy": (False, 1, "async_reward", "async_agent"), "both": (True, 1, "async_reward", "async_agent"),
+         # off_policy_steps=1 alone on v1 is verl's colocate_async with the agent (the flag is written off)
+         "off_policy": (False, 0, "colocate_async", "async_agent"), "both": (True, 1, "async_reward", "async_agent"),
          "colocate_async": (False, 0, "colocate_async", "rate_limited"),
          "colocate_async_agent": (False, 0, "colocate_async", "async_agent")}
 
@@ -63,6 +64,8 @@ def test_each_script_and_lane_composes_and_passes_the_start_checks(script, lane,
     pipeline, off_policy, trainer_mode, manager = LANES[lane]
     assert config.mini_batch_pipeline is pipeline and config.off_policy_steps == off_policy
     assert config.trainer.v1.trainer_mode == trainer_mode  # our strategies on v1 run as the async_reward mode
+    if lane == "off_policy":  # one step of staleness at most, by verl's own replay buffer
+        assert (config.trainer.v1.sampler.max_off_policy_threshold, config.trainer.v1.sampler.max_off_policy_strategy) == (2, "wait")
     assert config.actor_rollout_ref.model.path == model
     assert config.actor_rollout_ref.actor.strategy == backend
     assert config.actor_rollout_ref.rollout.name == "vllm" and config.algorithm.adv_estimator == "grpo"
