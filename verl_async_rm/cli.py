@@ -110,8 +110,12 @@ def _check_paths(named: dict, written: tuple[str, ...]) -> None:
 
 
 def _check_outputs(args, verdict_log: Path | None) -> None:
+    from verl_async_rm.verdict_log import inputs_path
+
+    kept = inputs_path(verdict_log) if verdict_log is not None and dict(args.set).get("verdict_log_inputs") is True else None
     _check_paths({"--input": args.input, "--output": args.output, "--summary-json": args.summary_json,
-                  "--verdict-log": verdict_log}, written=("--output", "--summary-json"))
+                  "--verdict-log": verdict_log, "the inputs kept beside --verdict-log": kept},
+                 written=("--output", "--summary-json"))
 
 
 def _print_summary(summary: dict) -> None:
@@ -232,8 +236,11 @@ def _share(text: str) -> float:
 
 
 def _check_replay_paths(args, replay_log: Path) -> None:
-    _check_paths({"--log": args.log, "--input": args.input, "--output": args.output, "--plot": args.plot,
-                  "--verdict-log": replay_log}, written=("--output", "--plot", "--verdict-log"))
+    from verl_async_rm.verdict_log import inputs_path
+
+    kept = str(inputs_path(args.log)) if args.input is None else None  # read instead of --input
+    _check_paths({"--log": args.log, "--input": args.input, "the inputs kept beside --log": kept, "--output": args.output,
+                  "--plot": args.plot, "--verdict-log": replay_log}, written=("--output", "--plot", "--verdict-log"))
     if args.plot is not None:
         from verl_async_rm.replay_plot import check_can_plot
 
@@ -262,7 +269,7 @@ def cmd_replay(args) -> int:
     from verl_async_rm.replay import Selection, render_replay, replay, write_report
 
     selection = Selection(args.steps, args.groups, args.sample_frac, args.seed)
-    if not Path(args.input).is_file():
+    if args.input is not None and not Path(args.input).is_file():
         raise ValueError(f"--input {args.input}: no such file")
     replay_log = Path(args.verdict_log) if args.verdict_log else Path(f"{args.output}.verdicts.jsonl")
     _check_replay_paths(args, replay_log)
@@ -272,7 +279,7 @@ def cmd_replay(args) -> int:
               f"(judged by {selected.old_reward_described})", file=sys.stderr, flush=True)
 
     with _terminate_as_interrupt() as stop:
-        report = replay(Path(args.log), Path(args.input), args.reward_file, args.reward_name, replay_log,
+        report = replay(Path(args.log), Path(args.input) if args.input is not None else None, args.reward_file, args.reward_name, replay_log,
                         selection=selection, old_reward=args.old_reward, config=dict(args.set),
                         reward_kwargs=dict(args.kwarg), response_key=args.response_key,
                         ground_truth_key=args.ground_truth_key, progress=not args.quiet, on_selected=announce)
@@ -329,8 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="re-judge what a verdict log judged with another reward; report the agreement")
     replay.add_argument("--log", required=True, help="the verdict log of the run to replay")
-    replay.add_argument("--input", required=True,
-                        help="the JSONL file that run scored: a verdict record keeps only a hash of what it judged")
+    replay.add_argument("--input",
+                        help="the JSONL file that run scored: a verdict record keeps only a hash of what it judged "
+                        "(default: the inputs the run kept beside its log, with verdict_log_inputs=true)")
     replay.add_argument("--reward-file", required=True, help="path of the Python file with the new reward")
     replay.add_argument("--reward-name", default="compute_score", help="function or class in that file")
     replay.add_argument("--kwarg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",

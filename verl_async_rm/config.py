@@ -8,6 +8,7 @@ from typing import Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verl_async_rm.failure_policy import FailurePolicy, PolicyName, failure_policy
+from verl_async_rm.verdict_log import inputs_path
 
 
 class SharedLimitsConfig(BaseModel):
@@ -111,6 +112,11 @@ class AgentConfig(BaseModel):
         False, description="resume from a verdict log written by another reward (or another version of it), reusing "
         "its answers; without it such a resume is refused at start"
     )
+    verdict_log_inputs: bool = Field(
+        False, description="also keep what was judged (data source, response, ground truth, extra info; one line per "
+        "request) in a sidecar beside verdict_log (RUN.verdicts.jsonl -> RUN.verdicts.inputs.jsonl), so that "
+        "`verl-async-rm replay --log` needs no --input"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
@@ -127,6 +133,13 @@ class AgentConfig(BaseModel):
                              "without prices nothing costs money and the budget would never hold")
         if self.verdict_log is not None:
             _check_log_path(self.verdict_log)
+        if self.verdict_log_inputs:
+            if self.verdict_log is None:
+                raise ValueError("verdict_log_inputs keeps what was judged beside the verdict log: set verdict_log too")
+            sidecar = str(inputs_path(self.verdict_log))
+            if os.path.isdir(sidecar) or (os.path.exists(sidecar) and not os.access(sidecar, os.R_OK | os.W_OK)):
+                raise ValueError(f"verdict_log_inputs: the inputs file {sidecar!r} beside the verdict log exists but "
+                                 "cannot be read and written")
         return self
 
     @property

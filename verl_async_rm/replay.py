@@ -10,6 +10,8 @@
    only ``request``, a hash of the four (``request_key``). So the replay takes the file the old run
    scored (``--input``) and finds each record's row by that hash: exact, and a wrong file cannot
    match by accident. Group judges' requests hash the whole group and cannot be joined (refused).
+   Without ``--input``, ``join_logged_inputs`` takes them from the sidecar the run kept beside its
+   log (``verdict_log_inputs``; verdict_log.py), by the same hash, each line re-hashed on reading.
 4. ``rejudge``: the selected samples through a ``RewardAgent`` of the new reward, one ticket per old
    step (its groups as they were), with the user's limits and budget. It writes its own verdict
    log, so a replay killed half-way resumes without paying twice (the log's resume mechanism), and
@@ -37,7 +39,9 @@ from verl_async_rm.agent import RewardAgent, as_item
 from verl_async_rm.errors import RewardError
 from verl_async_rm.replay_agreement import ScorePair, agreement, agreement_by_step
 from verl_async_rm.score_file import REFERENCE_KEY, read_items
-from verl_async_rm.verdict_log import ReadResult, describe_reward, dumps, read_log, request_key
+from verl_async_rm.verdict_log import (
+    ReadResult, describe_reward, dumps, inputs_path, read_log, read_logged_inputs, request_key,
+)
 from verl_async_rm.verdict_report import record_problem, sample_outcomes
 
 _log = logging.getLogger(__name__)
@@ -197,6 +201,41 @@ def join_inputs(samples: Sequence[JudgedSample], input_path: Path, response_key:
     return by_request
 
 
+NO_INPUTS = ("keeps no inputs: give --input, the JSON-lines file that run scored, or have the run keep them "
+             "(setting verdict_log_inputs=true; in verl reward.async_agent.verdict_log_inputs=true; "
+             "`score --set verdict_log_inputs=true`)")
+
+
+def logged_inputs_of(log_path: Path) -> Path:
+    """The sidecar of kept inputs beside ``log_path``; a ValueError saying how to get one if absent."""
+    sidecar = inputs_path(log_path)
+    if not sidecar.is_file():
+        raise ValueError(f"--log {log_path} {NO_INPUTS} (no {sidecar.name} beside it)")
+    return sidecar
+
+
+def join_logged_inputs(samples: Sequence[JudgedSample], log_path: Path) -> dict[str, dict]:
+    """Each sample's item from the inputs the run kept beside its log (``verdict_log_inputs``).
+    Refuses (naming the first) samples it does not hold, or holds under another hash."""
+    sidecar = logged_inputs_of(log_path)
+    try:
+        kept = read_logged_inputs(sidecar, {s.request for s in samples})
+    except ValueError as exc:
+        raise ValueError(f"--log {log_path}: its kept inputs: {exc}") from None
+    missing = [s for s in samples if s.request not in kept.items]
+    if missing:
+        first = missing[0]
+        changed = sum(s.request in kept.mismatched for s in missing)
+        raise ValueError(
+            f"--log {log_path}: {len(missing)} of the {len(samples)} selected samples have no kept input in {sidecar} "
+            f"(the first: step {first.step}, uid {first.uid!r}, request {first.request[:16]})"
+            + (f"; {changed} of them were kept in a form that no longer hashes to their request (a value JSON cannot "
+               "hold as it was, e.g. a dict with integer keys)" if changed else "")
+            + ". Inputs are kept from when verdict_log_inputs was on, not for a group judge's members; "
+            "give --input, the file the run scored, if you have it")
+    return kept.items
+
+
 def step_batches(samples: Sequence[JudgedSample], items: Mapping[str, dict]) -> list[tuple[int, list[dict], dict]]:
     """One batch per old step: (step, items indexed from 0, group sizes by uid). Members keep their
     old uid, so a group judge or a group hook sees the group it saw."""
@@ -273,13 +312,17 @@ class Selected:
         return len({s.group for s in self.chosen})
 
 
-def load_selected(log_path: Path, input_path: Path, selection: Selection = Selection(), old_reward: str | None = None,
-                  response_key: str = "solution_str", ground_truth_key: str = REFERENCE_KEY) -> Selected:
+def load_selected(log_path: Path, input_path: Path | None = None, selection: Selection = Selection(),
+                  old_reward: str | None = None, response_key: str = "solution_str",
+                  ground_truth_key: str = REFERENCE_KEY) -> Selected:
     """Read, select and join (steps 1-3 of the module docstring); every bad input is a ValueError
-    naming the argument, raised before anything is sent."""
+    naming the argument, raised before anything is sent. ``input_path`` None: the inputs the run
+    kept beside its log (``verdict_log_inputs``)."""
     log_path = Path(log_path)
     if not log_path.is_file():
         raise ValueError(f"--log {log_path}: " + ("is a directory; name a verdict log file" if log_path.is_dir() else "no such file"))
+    if input_path is None:
+        logged_inputs_of(log_path)  # said first: without inputs nothing else about the log matters
     try:
         log = read_log(log_path)
     except ValueError as exc:
@@ -293,8 +336,9 @@ def load_selected(log_path: Path, input_path: Path, selection: Selection = Selec
                          f"{sum(s.score is None for s in samples)} failed; selection {selection.as_record()})")
     rewards = log_rewards(log)
     reward = old_reward if old_reward is not None else next(iter(rewards))
-    return Selected(reward, rewards[reward], samples, chosen,
-                    join_inputs(chosen, input_path, response_key, ground_truth_key))
+    items = join_logged_inputs(chosen, log_path) if input_path is None else \
+        join_inputs(chosen, input_path, response_key, ground_truth_key)
+    return Selected(reward, rewards[reward], samples, chosen, items)
 
 
 @dataclass(frozen=True)
@@ -327,7 +371,7 @@ def rejudge_into_log(make_agent: Callable[[dict], RewardAgent], config: Mapping,
 
 def replay(
     log_path: Path,
-    input_path: Path,
+    input_path: Path | None,
     reward_path: str,
     reward_name: str,
     replay_log: Path,
@@ -342,7 +386,7 @@ def replay(
     on_selected: Callable[[Selected], None] | None = None,
 ) -> dict:
     """Re-judge the selected samples of the verdict log at ``log_path`` with the reward in
-    ``reward_path``; returns the report. Bad input is refused before the agent is built (nothing
+    ``reward_path``; returns the report. ``input_path`` None: the inputs kept beside the log. Bad input is refused before the agent is built (nothing
     paid for). ``replay_log``: the new reward's verdict log; an existing one is resumed (it must be
     this reward's, as any resume: ``RewardChanged`` otherwise). ``on_selected``: told the selection
     before the first request. The report's ``run`` holds what differs between two runs of the same
@@ -361,7 +405,8 @@ def replay(
                       "old_failed_skipped": sum(s.score is None for s in selected.samples
                                                 if selection.steps is None or s.step in selection.steps)},
         **replay_report(selected.chosen, rejudged.new),
-        "run": {"log": str(log_path), "input": str(input_path), "replay_log": str(replay_log),
+        "run": {"log": str(log_path), "input": str(input_path if input_path is not None else inputs_path(log_path)),
+                "replay_log": str(replay_log),
                 "resumed": rejudged.resumed, "error": rejudged.run.error, "interrupted": rejudged.run.interrupted},
     }
 

@@ -44,6 +44,21 @@ share a log.
 **Group judges.** A member's verdict depends on its whole group: its ``request`` is a hash of its own
 request among the sorted requests of its group (the order members arrived in does not matter), and a
 group call is answered from the log only when every member is; otherwise the group is sent again.
+
+**What was judged (``verdict_log_inputs``).** A record holds what was judged only as its hash. With
+the setting on, the agent also keeps the judged item in a sidecar file beside the log
+(``inputs_path``: ``RUN.verdicts.jsonl`` -> ``RUN.verdicts.inputs.jsonl``), one line per request, the
+first time the request is logged (a retry, a repeated request, a resumed answer or a hook record adds
+nothing): ``{"request": KEY, "data_source", "solution_str", "ground_truth", "extra_info"}``, so the
+sidecar is itself a valid ``score``/``replay --input`` file. Kept apart from the log so that resuming
+and ``verl-async-rm log`` never read the responses (they can be long). The values are stored in their
+JSON form, the very text the request key hashes (``dumps``: numpy values as numbers and lists, any
+other object as its ``repr``); a reader re-hashes each line and trusts only a line whose hash is its
+key (``read_logged_inputs``), so a value JSON cannot hold as it was (a dict with integer keys whose
+order changes as text) is reported, never joined to another request. The same writer thread writes
+both files, the sidecar's lines before the records they belong to, with the same flush and fsync
+cadence, and cuts a torn last line of either. A group judge's members (requests hashing their whole
+group) are not kept: their requests cannot be re-derived from one member.
 """
 
 from __future__ import annotations
@@ -93,6 +108,96 @@ def request_key(data_source: Any, solution_str: Any, ground_truth: Any, extra_in
     """A stable hash of what was asked. Not the sample's position or uid: the same response to the
     same prompt is the same request wherever it sits in a batch."""
     return _sha256(dumps([data_source, solution_str, ground_truth, extra_info]))
+
+
+INPUT_FIELDS = ("data_source", "solution_str", "ground_truth", "extra_info")  # in request_key's order
+_INPUT_REQUEST = re.compile(rb'^\{"request": "([0-9a-f]{64})"')
+
+
+def inputs_path(log_path: str | os.PathLike) -> Path:
+    """The sidecar beside a verdict log that keeps what was judged (``verdict_log_inputs``)."""
+    path = Path(log_path)
+    stem = path.name[:-len(".jsonl")] if path.name.endswith(".jsonl") else path.name
+    return path.with_name(f"{stem}.inputs.jsonl")
+
+
+def input_line(request: str, data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any) -> bytes:
+    """One sidecar line: the request key first (readers find it without parsing the body), then the
+    item in the JSON form its key hashes. A lone surrogate (a sample refused as invalid) cannot be
+    written as UTF-8: such a line is written ASCII-escaped, which reads back to the same text."""
+    body = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+            "extra_info": extra_info}
+    text = f'{{"request": "{request}", ' + dumps(body)[1:] + "\n"
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return (f'{{"request": "{request}", '
+                + json.dumps(body, sort_keys=True, default=_plain, ensure_ascii=True)[1:] + "\n").encode("ascii")
+
+
+def _sidecar_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, raw line, whether it ends in a newline), blank lines skipped."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if raw.strip():
+                yield number, raw, raw.endswith(b"\n")
+
+
+def logged_input_requests(path: str | os.PathLike) -> set[int]:
+    """The requests a sidecar holds, as ``input_seen`` keys (read from each line's head only)."""
+    seen: set[int] = set()
+    if not Path(path).exists():
+        return seen
+    for _, raw, _ in _sidecar_lines(Path(path)):
+        match = _INPUT_REQUEST.match(raw)
+        if match is not None:
+            seen.add(input_seen(match[1].decode()))
+    return seen
+
+
+def input_seen(request: str) -> int:
+    """What the writer remembers of a request it kept the input of: its key's first 64 bits (a set of
+    ints, not of 64-character strings, for a run's millions of requests; two requests sharing them
+    would only leave the second without a kept input, reported by the replay, never mismatched)."""
+    return int(request[:16], 16)
+
+
+@dataclass(frozen=True)
+class LoggedInputs:
+    items: dict[str, dict]  # by request: the item, as a ``score --input`` row's fields
+    mismatched: set[str]  # requests whose kept line does not hash to them
+
+
+def read_logged_inputs(path: str | os.PathLike, wanted: Iterable[str]) -> LoggedInputs:
+    """The kept inputs of the ``wanted`` requests (streamed: only those are parsed). Each is re-hashed:
+    a line whose item does not hash to its key is not used (``mismatched``). A torn last line is
+    skipped; a bad line elsewhere raises ValueError."""
+    wanted = set(wanted)
+    items: dict[str, dict] = {}
+    mismatched: set[str] = set()
+    for number, raw, complete in _sidecar_lines(Path(path)):
+        match = _INPUT_REQUEST.match(raw)
+        if match is None:
+            if not complete:
+                break  # a torn last line
+            raise ValueError(f"{path}:{number}: not a line of kept inputs (no leading 'request')")
+        request = match[1].decode()
+        if request not in wanted or request in items:
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError:
+            if not complete:
+                break
+            raise ValueError(f"{path}:{number}: not a line of kept inputs (not JSON)") from None
+        if not isinstance(row, dict) or not all(key in row for key in INPUT_FIELDS):
+            raise ValueError(f"{path}:{number}: not a line of kept inputs (it needs {', '.join(INPUT_FIELDS)})")
+        if request_key(*(row[key] for key in INPUT_FIELDS)) != request:
+            mismatched.add(request)
+            continue
+        mismatched.discard(request)
+        items[request] = {key: row[key] for key in INPUT_FIELDS}
+    return LoggedInputs(items, mismatched)
 
 
 def group_request_keys(member_requests: list[str]) -> list[str]:
@@ -245,25 +350,46 @@ class VerdictWriter:
     """Appends records from any thread; one daemon thread writes them (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, fsync_s: float = 1.0, write_every_s: float = WRITE_EVERY_S,
-                 header: dict | None = None):
-        """``header``: a first record (the reward record), written before this returns."""
+                 header: dict | None = None, inputs: str | os.PathLike | None = None):
+        """``header``: a first record (the reward record), written before this returns. ``inputs``: the
+        sidecar of kept inputs (``append_input``), written before the records queued with them."""
         self.path = Path(path)
         self.fsync_s = fsync_s
         self.write_every_s = write_every_s
         self._stop = threading.Event()
         _cut_torn_tail(self.path)
+        self.inputs_path = None if inputs is None else Path(inputs)
+        self._inputs = None
+        if self.inputs_path is not None:
+            _cut_torn_tail(self.inputs_path)
+            self._inputs = self.inputs_path.open("ab")
         self._file = self.path.open("ab")
         if header is not None:
             self._file.write((dumps(header) + "\n").encode())
             self._file.flush()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._input_queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None  # a failed write: the engine fails loudly on it
         self.written = 0
+        self.inputs_written = 0
         self._thread = threading.Thread(target=self._run, name="verdict-log", daemon=True)
         self._thread.start()
 
     def append(self, record: dict) -> None:
         self._queue.put(record)
+
+    def append_input(self, request: str, data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any) -> None:
+        """Queue a kept input (serialised on the writer thread, off the event loop: responses can be long)."""
+        self._input_queue.put((request, data_source, solution_str, ground_truth, extra_info))
+
+    @staticmethod
+    def _drain(source: queue.SimpleQueue) -> list:
+        batch = []
+        while True:
+            try:
+                batch.append(source.get_nowait())
+            except queue.Empty:
+                return batch
 
     def _run(self) -> None:
         last_sync = time.monotonic()
@@ -273,19 +399,23 @@ class VerdictWriter:
             # event loop at every sample (measured: 3x slower scoring at zero latency).
             self._stop.wait(self.write_every_s)
             stopping = self._stop.is_set()
-            batch = []
-            while True:  # everything queued meanwhile goes in one write
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            # everything queued meanwhile goes in one write; inputs drained first, so a record's kept
+            # input is always written (and flushed, and fsynced) before the record itself
+            inputs = self._drain(self._input_queue) if self._inputs is not None else []
+            batch = self._drain(self._queue)
             try:
+                if inputs:
+                    self._inputs.write(b"".join(input_line(*entry) for entry in inputs))
+                    self._inputs.flush()
+                    self.inputs_written += len(inputs)
                 if batch:
                     self._file.write("".join(dumps(r) + "\n" for r in batch).encode())
                     self._file.flush()
                     self.written += len(batch)
                 now = time.monotonic()
-                if (batch or stopping) and (stopping or now - last_sync >= self.fsync_s):
+                if (batch or inputs or stopping) and (stopping or now - last_sync >= self.fsync_s):
+                    if self._inputs is not None:
+                        os.fsync(self._inputs.fileno())
                     os.fsync(self._file.fileno())
                     last_sync = now
             except (OSError, TypeError, ValueError) as exc:  # disk full, unserialisable: loud, not lost silently
@@ -300,6 +430,8 @@ class VerdictWriter:
         self._stop.set()
         self._thread.join(timeout)
         self._file.close()
+        if self._inputs is not None:
+            self._inputs.close()
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from verl_async_rm.engine.pipeline import DONE
 from verl_async_rm.loader import UserReward, source_file
 from verl_async_rm.outcomes import Outcome, Scored
 from verl_async_rm.verdict_log import (
-    VERSION, RewardIdentity, VerdictWriter, group_request_keys, load_resume_answers, request_key, reward_record,
-    verdict_key, verdict_text,
+    VERSION, RewardIdentity, VerdictWriter, group_request_keys, input_seen, inputs_path, load_resume_answers,
+    logged_input_requests, request_key, reward_record, verdict_key, verdict_text,
 )
 
 _log = logging.getLogger(__name__)
@@ -55,7 +55,11 @@ class VerdictBook:
             _log.info("verdict log %s: %d settled requests will be answered from it, not sent",
                       config.verdict_log, len(self.answers))
         header = reward_record(self.identity, plan.accepts if plan is not None else ())
-        self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s, header=header)
+        # verdict_log_inputs: what was judged, kept once per request in a sidecar (verdict_log.py); the
+        # requests it already holds (a resumed or appended-to log) are not kept again
+        inputs = inputs_path(config.verdict_log) if config.verdict_log_inputs else None
+        self.inputs_kept: set[int] | None = logged_input_requests(inputs) if inputs is not None else None
+        self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s, header=header, inputs=inputs)
         self.resumed = 0
 
     def request(self, sample) -> str:
@@ -118,6 +122,8 @@ class VerdictBook:
     def record(self, sample, outcome: Outcome, latency: float, ticket: str | None, uid, now: float, sample_id: str,
                stage: str | None = None) -> None:
         """``stage="hook"``: the group hook failed ``sample`` after it was logged (``outcome`` is that failure)."""
+        if self.inputs_kept is not None and sample.group_call is None:
+            self._keep_input(sample)  # before the record: the writer writes it first
         if isinstance(outcome, Scored):
             if outcome.cached:  # answered from the log or the cache: nothing new to keep
                 return
@@ -141,6 +147,18 @@ class VerdictBook:
         if stage is not None:
             record["stage"] = stage
         self.writer.append(record)
+
+    def _keep_input(self, sample) -> None:
+        """The sample's item, the first time its request is logged (also when answered from the log or
+        the cache: a log resumed with the setting newly on gets the inputs of what it reuses). A group
+        judge's members are not kept (their requests hash their whole group)."""
+        request = self.request(sample)
+        seen = input_seen(request)
+        if seen in self.inputs_kept:
+            return
+        self.inputs_kept.add(seen)
+        item = sample.item
+        self.writer.append_input(request, item.data_source, item.solution_str, item.ground_truth, item.extra_info)
 
     def close(self) -> None:
         self.writer.close()
