@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from verl_async_rm.integration.group_sizes import select_group_size_manager
 from verl_async_rm.integration.legacy_config import migrate_legacy_reward_config
-from verl_async_rm.integration.settings import RunSettings, read_run_settings, write_verl_mode
+from verl_async_rm.integration.settings import RunSettings, prepare_drift_check, read_run_settings, write_verl_mode
 from verl_async_rm.loader import check_spec
 from verl_async_rm.strategies.plan import V1_MODE
 from verl_async_rm.strategies.reward_workers import without_reward_loop_workers
@@ -36,6 +36,7 @@ def prepare(config: DictConfig) -> RunSettings:
     strategy = settings.strategy
     if settings.uses_agent:
         check_spec(settings.agent.reward, construct=True)  # a reward that cannot load: fail now
+    prepare_drift_check(config, settings)  # its calibration set and judge: fail now
     agent = config.actor_rollout_ref.rollout.agent
     chosen = agent.get("agent_loop_manager_class")
     if strategy.enabled:

@@ -110,6 +110,9 @@ def test_the_hydra_configs_defaults_are_the_settings_own():
     declared = yaml.safe_load(files("verl_async_rm.hydra_conf").joinpath("async_reward_settings.yaml").read_text())
     block = dict(declared["reward"]["async_agent"])
     integration = {key: block.pop(key) for key in ("group_size", "group_wait", "group_timeout", "actor_name", "extra_keys")}
+    from verl_async_rm.drift import DEFAULTS as DRIFT_DEFAULTS
+
+    assert block.pop("drift_check") == DRIFT_DEFAULTS  # the drift check's block, off (log: null)
     assert block == AgentConfig().model_dump()  # every field, same default, nothing extra
     assert integration == {"group_size": None, "group_wait": settings.DEFAULT_GROUP_WAIT,
                            "group_timeout": settings.DEFAULT_GROUP_TIMEOUT, "actor_name": DEFAULT_ACTOR_NAME, "extra_keys": []}

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.quick
 DOCS = [ROOT / "README.md", ROOT / "rig" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 TOPS = ("verl_async_rm/", "rig/", "tests/", "bench/", "docs/", "examples/", "ci/", "hydra_plugins/", ".ci/")
 # The integration's own keys of the reward.async_agent block (integration/settings.py), beside AgentConfig's.
-INTEGRATION_KEYS = {"group_size", "group_wait", "group_timeout", "actor_name", "extra_keys"}
+INTEGRATION_KEYS = {"group_size", "group_wait", "group_timeout", "actor_name", "extra_keys", "drift_check"}
 
 
 def spans(text: str) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_async_rm.config import AgentConfig
+from verl_async_rm.drift import DriftCheckSettings, drift_settings_from_mapping
 from verl_async_rm.loader import RewardSpec
 from verl_async_rm.masking import MaskShape, check_masking, mask_shape_from_config
 from verl_async_rm.ray_agent import DEFAULT_ACTOR_NAME
@@ -53,6 +54,7 @@ class AsyncAgentSettings:
     actor_name: str  # the named Ray actor every reward worker shares
     extra_keys: tuple[str, ...]  # user extra-info keys passed through on the per-sample path
     reward_fn_key: str  # the data field holding the data source (verl's data.reward_fn_key)
+    drift_check: Optional[DriftCheckSettings] = None  # reward.async_agent.drift_check (verl_async_rm/drift.py)
 
 
 def _plain(node: Any) -> Any:
@@ -73,6 +75,7 @@ def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
     group_timeout = block.pop("group_timeout", DEFAULT_GROUP_TIMEOUT)
     actor_name = block.pop("actor_name", None) or DEFAULT_ACTOR_NAME
     extra_keys = tuple(block.pop("extra_keys", None) or ())
+    drift_block = block.pop("drift_check", None)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"reward.async_agent.group_size must be a positive integer, got {group_size!r}")
     for name, value in (("group_wait", group_wait), ("group_timeout", group_timeout)):
@@ -89,7 +92,9 @@ def settings_from_verl_config(config: Any) -> AsyncAgentSettings:
     reward = RewardSpec(path, function.get("name") or "compute_score", dict(kwargs)) if path else RewardSpec(
         None, DEFAULT_REWARD, dict(kwargs)
     )
+    drift_check = drift_settings_from_mapping(drift_block, reward, agent)
     return AsyncAgentSettings(
+        drift_check=drift_check,
         agent=agent,
         reward=reward,
         group_size=group_size,
@@ -120,6 +125,18 @@ class RunSettings:
         return self.reward_manager == "async_agent" or self.strategy.enabled
 
 
+# The drift check adds metrics to the step's, where the trainer gathers them: this package's trainers
+# (the strategies, v0 and v1) do; verl's own (RayPPOTrainer's fit, the v1 modes) offer no place to add any
+# without changing verl's code, so there the check is refused at start rather than silently never run.
+DRIFT_NEEDS_OUR_TRAINER = (
+    "reward.async_agent.drift_check needs one of this package's trainers, i.e. a trainer strategy "
+    "(mini_batch_pipeline, off_policy_steps with a pipeline or a pool, max_staleness): verl's own trainers (the "
+    "async_agent reward manager alone, or off_policy_steps alone on v1, which runs as verl's colocate_async) offer "
+    "no place to add a step's metrics without changing verl's code. For verl's own update, parameter for parameter, "
+    "add mini_batch_pipeline=true mini_batch_order=index; or call verl_async_rm.replay.DriftCheck where your "
+    "step's metrics are gathered (docs/guide/judge-operations.md, Drift check during training)")
+
+
 def read_run_settings(config: Any) -> RunSettings:
     """Read and check a run's settings: one clear error for a bad value or a combination the strategies
     or ``failure_policy: mask`` cannot run as verl would. Loading the reward is left to the caller
@@ -136,8 +153,24 @@ def read_run_settings(config: Any) -> RunSettings:
     mask = replace(mask_shape_from_config(config, masks_loss=masks_loss, min_group_success=agent.agent.min_group_success,
                                           strategies=strategy.enabled), trainer_mode=shape.trainer_mode)
     check_masking(mask)  # failure_policy=mask: only where it is exact
+    if agent.drift_check is not None and not strategy.enabled:
+        raise ValueError(DRIFT_NEEDS_OUR_TRAINER)
     return RunSettings(reward_manager=shape.reward_manager, agent=agent, strategy=strategy, shape=shape, mask=mask,
                        verl_mode=verl_mode)
+
+
+def prepare_drift_check(config: DictConfig, settings: RunSettings) -> None:
+    """Where a run starts, when it has a drift check: its paths made absolute in the config every
+    later process reads (the trainer runs in a Ray actor), and its calibration set and judge loaded
+    once, so a log without the samples or a judge that cannot load stops the run now."""
+    from verl_async_rm.drift import absolute_paths, check_at_start
+
+    if settings.agent.drift_check is None:
+        return
+    block = _plain(_select(config, "reward.async_agent.drift_check", {}))
+    with open_dict(config):
+        OmegaConf.update(config, "reward.async_agent.drift_check", absolute_paths(block), merge=False, force_add=True)
+    check_at_start(settings.agent.drift_check)
 
 
 def write_verl_mode(config: DictConfig, mode: VerlColocateAsync) -> None:

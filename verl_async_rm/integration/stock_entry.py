@@ -145,13 +145,14 @@ class AsyncAgentStartCallback(Callback):
         if moved:
             print(f"[verl_async_rm] legacy reward config moved: {', '.join(moved)}", file=sys.stderr, flush=True)
         from verl_async_rm.integration.group_sizes import select_group_size_manager
-        from verl_async_rm.integration.settings import read_run_settings, write_verl_mode
+        from verl_async_rm.integration.settings import prepare_drift_check, read_run_settings, write_verl_mode
         from verl_async_rm.loader import check_spec
         from verl_async_rm.strategies.plan import V1_MODE
 
         try:
             settings = read_run_settings(config)
             check_spec(settings.agent.reward, construct=True)
+            prepare_drift_check(config, settings)
         except Exception as exc:  # noqa: BLE001 - as above: stop before any worker starts
             sys.exit(f"[verl_async_rm] async_agent cannot start: {type(exc).__name__}: {exc}")
         if settings.verl_mode is not None:

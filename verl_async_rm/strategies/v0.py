@@ -47,6 +47,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.skip.skip_manager import SkipManager
 from verl.utils.tracking import Tracking
+from verl_async_rm.drift import DriftMonitor
 from verl_async_rm.integration.decode import decode_requests, valid_response_lengths
 from verl_async_rm.masking import ADVANTAGE_COLUMN, LOSS_TOKENS_COLUMN
 from verl_async_rm.strategies.agent_loop import TOOL_FIELDS_KEY
@@ -181,10 +182,13 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self.scheduler: StepScheduler | None = None
         self._resume_loader_state = None
         self._heap_metrics: dict = {}  # fit, before step 1: strategies/heap.py
+        self.drift: Optional[DriftMonitor] = None  # reward.async_agent.drift_check: init_workers
 
     def init_workers(self):
         super().init_workers()
         if self.strategy.enabled:
+            if self.run_settings.agent.drift_check is not None:
+                self.drift = DriftMonitor.build(self.run_settings.agent.drift_check)
             self.rewards = BatchRewards(self.run_settings.agent, self.tokenizer)
             self.scheduler = StepScheduler(
                 self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
@@ -395,6 +399,8 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self._save_and_sync(update_actor, is_last_step, timing_raw)
         metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
         metrics.update(self._heap_metrics)
+        if self.drift is not None:  # async_rm/drift/*: a check runs beside the steps (drift.py)
+            metrics.update(self.drift.metrics(self.global_steps, last=is_last_step))
         metrics["async_reward/wall_clock"] = time.time()
         rollout_data_dir = self.config.trainer.get("rollout_data_dir", None)
         if rollout_data_dir:

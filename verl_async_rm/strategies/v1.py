@@ -35,6 +35,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl_async_rm import verl_internals
+from verl_async_rm.drift import DriftMonitor
 from verl_async_rm.integration.decode import requests_from_token_lists, session_reward_columns, sessions_of
 from verl_async_rm.integration.group_sizes import sessions_per_prompt
 from verl_async_rm.integration.settings import read_run_settings
@@ -219,6 +220,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._supply_depth = 0  # the pool with auto: batches of supply beyond this step's
         self._due_wait_hinted = False  # the pool under on_stale=wait: pool_driver.due_wait_hint, printed once a run
         self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
+        self.drift: Optional[DriftMonitor] = None  # reward.async_agent.drift_check: on_init_end
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
@@ -236,6 +238,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self.scheduler = StepScheduler(self.strategy, self.plan, self.rewards, use_critic=self.use_critic,
                                        reduce_lists=reduce_metrics, timer=marked_timer)
         self.lookahead = Lookahead(self.strategy.off_policy_steps)
+        if self.run_settings.agent.drift_check is not None:
+            self.drift = DriftMonitor.build(self.run_settings.agent.drift_check)
         super().on_init_end()
 
     def on_train_begin(self):
@@ -371,6 +375,8 @@ class AsyncRewardTrainer(PPOTrainerSync):
             metrics.update(self.scheduler.reward_metrics(current, self.global_steps))
         metrics.update(self._auto_lookahead())
         metrics.update(self._heap_metrics)
+        if self.drift is not None:  # async_rm/drift/*: a check runs beside the steps (drift.py)
+            metrics.update(self.drift.metrics(self.global_steps, last=self.global_steps >= self.total_training_steps))
         metrics["async_reward/wall_clock"] = time.time()
         return batch
 
