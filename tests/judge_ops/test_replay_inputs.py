@@ -213,3 +213,34 @@ def test_the_setting_needs_a_verdict_log():
     with pytest.raises(ValueError, match="verdict_log_inputs keeps what was judged beside the verdict log"):
         AgentConfig.from_mapping({"verdict_log_inputs": True})
     assert AgentConfig().verdict_log_inputs is False
+
+
+@pytest.mark.quick
+def test_score_keeps_them_with_the_setting_and_refuses_an_output_on_the_sidecar(tmp_path, capsys):
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("".join(json.dumps({"solution_str": f"answer <{k}>", "ground_truth": "1", "uid": "u"}) + "\n"
+                            for k in range(2)))
+    (tmp_path / "exact.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                       "    return 1.0 if solution_str.endswith(f'<{ground_truth}>') else 0.0\n")
+    base = ["score", "--input", str(rows), "--reward-file", str(tmp_path / "exact.py"), "--group-size", "2",
+            "--set", "verdict_log_inputs=true"]
+    sidecar = tmp_path / "out.jsonl.verdicts.inputs.jsonl"
+    assert main([*base, "--output", str(tmp_path / "out.jsonl"), "--summary-json", str(sidecar)]) == 2
+    assert "name the same file" in capsys.readouterr().err and not sidecar.exists()
+    assert main([*base, "--output", str(tmp_path / "out.jsonl")]) == 0
+    assert len(sidecar.read_text().splitlines()) == 2 and sidecar == inputs_path(tmp_path / "out.jsonl.verdicts.jsonl")
+
+
+@pytest.mark.quick
+def test_a_group_judges_members_are_not_kept_and_its_log_is_refused_without_input_naming_why(tmp_path, capsys):
+    from tests.judge_ops.test_verdict_log_trust import RankingJudge, rows
+
+    log = tmp_path / "group.verdicts.jsonl"
+    with RewardAgent(RankingJudge(), {"verdict_log": str(log), "verdict_log_inputs": True}) as agent:
+        assert len(agent.get(agent.submit(rows(8), 4), timeout=60).scores) == 8
+    assert len(read_log(log).records) == 8 and inputs_path(log).read_text() == ""
+    (tmp_path / "r.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                   "    return 1.0\n")
+    assert main(["replay", "--log", str(log), "--reward-file", str(tmp_path / "r.py"), "--output",
+                 str(tmp_path / "r.json"), "--quiet"]) == 2
+    assert "not for a group judge's members" in capsys.readouterr().err
