@@ -28,9 +28,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.loader import RewardSpec

@@ -117,7 +117,7 @@ _INPUT_REQUEST = re.compile(rb'^\{"request": "([0-9a-f]{64})"')
 def inputs_path(log_path: str | os.PathLike) -> Path:
     """The sidecar beside a verdict log that keeps what was judged (``verdict_log_inputs``)."""
     path = Path(log_path)
-    stem = path.name[:-len(".jsonl")] if path.name.endswith(".jsonl") else path.name
+    stem = path.name.removesuffix(".jsonl")
     return path.with_name(f"{stem}.inputs.jsonl")
 
 

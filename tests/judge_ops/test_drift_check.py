@@ -17,7 +17,12 @@ from tests.judge_ops.test_replay import Past
 from verl_async_rm.agent import RewardAgent
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.drift import (
-    DEFAULTS, DriftMonitor, absolute_paths, check_at_start, drift_settings_from_mapping, load_calibration,
+    DEFAULTS,
+    DriftMonitor,
+    absolute_paths,
+    check_at_start,
+    drift_settings_from_mapping,
+    load_calibration,
 )
 from verl_async_rm.integration.settings import settings_from_verl_config
 from verl_async_rm.loader import RewardSpec

@@ -24,7 +24,12 @@ from verl_async_rm.agent import RewardAgent
 from verl_async_rm.cli import main
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.replay import Selection, load_selected
-from verl_async_rm.verdict_log import inputs_path, read_log, read_logged_inputs, request_key
+from verl_async_rm.verdict_log import (
+    inputs_path,
+    read_log,
+    read_logged_inputs,
+    request_key,
+)
 
 
 class PastWithInputs(Past):

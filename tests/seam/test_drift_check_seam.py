@@ -21,9 +21,9 @@ from omegaconf import OmegaConf
 from tests.judge_ops.test_replay import Past
 from tests.seam.test_seam_prepare import ours, verls
 from verl_async_rm.agent import RewardAgent
+from verl_async_rm.config import AgentConfig
 from verl_async_rm.drift import DriftMonitor, drift_settings_from_mapping
 from verl_async_rm.loader import RewardSpec
-from verl_async_rm.config import AgentConfig
 
 pytestmark = pytest.mark.local
 

@@ -54,7 +54,7 @@ class AsyncAgentSettings:
     actor_name: str  # the named Ray actor every reward worker shares
     extra_keys: tuple[str, ...]  # user extra-info keys passed through on the per-sample path
     reward_fn_key: str  # the data field holding the data source (verl's data.reward_fn_key)
-    drift_check: Optional[DriftCheckSettings] = None  # reward.async_agent.drift_check (verl_async_rm/drift.py)
+    drift_check: DriftCheckSettings | None = None  # reward.async_agent.drift_check (verl_async_rm/drift.py)
 
 
 def _plain(node: Any) -> Any:

@@ -182,7 +182,7 @@ class AsyncRewardRayPPOTrainer(RayPPOTrainer):
         self.scheduler: StepScheduler | None = None
         self._resume_loader_state = None
         self._heap_metrics: dict = {}  # fit, before step 1: strategies/heap.py
-        self.drift: Optional[DriftMonitor] = None  # reward.async_agent.drift_check: init_workers
+        self.drift: DriftMonitor | None = None  # reward.async_agent.drift_check: init_workers
 
     def init_workers(self):
         super().init_workers()

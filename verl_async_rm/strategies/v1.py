@@ -220,7 +220,7 @@ class AsyncRewardTrainer(PPOTrainerSync):
         self._supply_depth = 0  # the pool with auto: batches of supply beyond this step's
         self._due_wait_hinted = False  # the pool under on_stale=wait: pool_driver.due_wait_hint, printed once a run
         self._heap_metrics: dict = {}  # on_train_begin: strategies/heap.py
-        self.drift: Optional[DriftMonitor] = None  # reward.async_agent.drift_check: on_init_end
+        self.drift: DriftMonitor | None = None  # reward.async_agent.drift_check: on_init_end
         self.trainer_mode = "sync"  # our name selects this class; every other check sees "sync"
         return super()._build_replay_buffer()
 
