@@ -66,6 +66,7 @@ class DriftCheckSettings:
     settings: dict = field(default_factory=dict)  # the check's agent settings (validated)
     response_key: str = "solution_str"
     ground_truth_key: str = REFERENCE_KEY
+    run_reward_path: str | None = None  # the run's own reward file (how a missing judge file is named)
 
 
 def _named(key: str) -> str:
@@ -80,9 +81,13 @@ def _positive_int(value: Any, key: str, allow_none: bool = False) -> int | None:
     return value
 
 
-def _readable_file(path: Any, key: str, hint: str = "") -> str:
+def _path(path: Any, key: str) -> str:
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"{_named(key)} must be a path, got {path!r}")
+    return path
+
+
+def _readable_file(path: str, key: str, hint: str = "") -> str:
     if os.path.isdir(path):
         raise ValueError(f"{_named(key)} {path!r} is a directory; name a file")
     if not os.path.isfile(path):
@@ -94,12 +99,13 @@ def _readable_file(path: Any, key: str, hint: str = "") -> str:
 
 def drift_settings_from_mapping(block: Mapping | None, run_reward: RewardSpec, run_agent: AgentConfig) -> DriftCheckSettings | None:
     """The checked settings, or None when the check is off (no block, or ``log`` null with every
-    other key at its default). Every problem is a ValueError naming the key. Cheap: the log is not
-    read here (``load_calibration`` reads it, at start and in the trainer)."""
+    other key at its default). Every problem is a ValueError naming the key. Cheap, and no file is
+    looked at: this runs in every process verl hands the config to, some perhaps on nodes without the
+    files; ``check_at_start`` checks them where the run starts, and the trainer reads them."""
     if block is None:
         return None
     if not isinstance(block, Mapping):
-        raise ValueError(f"{KEY} must be a mapping (log: PATH, every_n_steps: N, ...), got {block!r}")
+        raise ValueError(f"{KEY} must be a mapping (log: PATH, every_n_steps: N, ...), got {block!r}")  # noqa: TRY004 - a setting's error, as every one here
     block = dict(block)
     unknown = sorted(set(block) - set(DEFAULTS))
     if unknown:
@@ -110,25 +116,15 @@ def drift_settings_from_mapping(block: Mapping | None, run_reward: RewardSpec, r
         if changed:
             raise ValueError(f"{_named('log')} is required to turn the drift check on (given: {', '.join(changed)})")
         return None
-    from verl_async_rm.verdict_log import inputs_path
-
-    log = _readable_file(values["log"], "log")
-    if values["input"] is not None:
-        source = _readable_file(values["input"], "input")
-    else:
-        sidecar = str(inputs_path(log))
-        if not os.path.isfile(sidecar):
-            raise ValueError(f"{_named('input')} is null, and the log {log!r} keeps no inputs (no {Path(sidecar).name} "
-                             "beside it): name the file that run scored, or have the run keep them "
-                             "(reward.async_agent.verdict_log_inputs=true)")
-        source = None
+    log = _path(values["log"], "log")
+    source = _path(values["input"], "input") if values["input"] is not None else None
     groups = _positive_int(values["groups"], "groups", allow_none=True)
     every = _positive_int(values["every_n_steps"], "every_n_steps")
     seed = values["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"{_named('seed')} must be an integer, got {seed!r}")
+        raise ValueError(f"{_named('seed')} must be an integer, got {seed!r}")  # noqa: TRY004 - a setting's error, as every one here
     if not isinstance(values["background"], bool):
-        raise ValueError(f"{_named('background')} must be true or false, got {values['background']!r}")
+        raise ValueError(f"{_named('background')} must be true or false, got {values['background']!r}")  # noqa: TRY004 - a setting's error, as every one here
     for key in ("old_reward", "reward_name"):
         if values[key] is not None and (not isinstance(values[key], str) or not values[key]):
             raise ValueError(f"{_named(key)} must be a non-empty string or null, got {values[key]!r}")
@@ -137,8 +133,8 @@ def drift_settings_from_mapping(block: Mapping | None, run_reward: RewardSpec, r
             raise ValueError(f"{_named(key)} must be a non-empty string, got {values[key]!r}")
     # the judge asked: each of file, name and kwargs not given is the run's own
     reward_file = values["reward_file"]
-    if reward_file is not None and not str(reward_file).startswith("pkg://"):
-        reward_file = _readable_file(reward_file, "reward_file")
+    if reward_file is not None:
+        reward_file = _path(reward_file, "reward_file")
     kwargs = values["reward_kwargs"]
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ValueError(f"{_named('reward_kwargs')} must be a mapping or null, got {kwargs!r}")
@@ -147,7 +143,7 @@ def drift_settings_from_mapping(block: Mapping | None, run_reward: RewardSpec, r
                         dict(kwargs) if kwargs is not None else dict(run_reward.kwargs))
     overrides = values["settings"] or {}
     if not isinstance(overrides, Mapping):
-        raise ValueError(f"{_named('settings')} must be a mapping of agent settings, got {overrides!r}")
+        raise ValueError(f"{_named('settings')} must be a mapping of agent settings, got {overrides!r}")  # noqa: TRY004 - a setting's error, as every one here
     refused = [k for k in overrides if k in NOT_INHERITED]
     if refused:
         raise ValueError(f"{_named('settings')}.{refused[0]}: a drift check keeps its own fresh verdict log, asks the "
@@ -160,7 +156,8 @@ def drift_settings_from_mapping(block: Mapping | None, run_reward: RewardSpec, r
     settings = {k: v for k, v in settings.items() if k not in NOT_INHERITED}
     return DriftCheckSettings(log=log, input=source, groups=groups, seed=seed, old_reward=values["old_reward"],
                               every_n_steps=every, background=values["background"], reward=reward, settings=settings,
-                              response_key=values["response_key"], ground_truth_key=values["ground_truth_key"])
+                              response_key=values["response_key"], ground_truth_key=values["ground_truth_key"],
+                              run_reward_path=run_reward.path)
 
 
 def absolute_paths(block: Mapping | None) -> dict:
@@ -191,11 +188,29 @@ def load_calibration(settings: DriftCheckSettings):
         raise ValueError(f"{KEY}: {message}" if not message.startswith(KEY) else message) from None
 
 
+def check_files(settings: DriftCheckSettings) -> None:
+    """The files exist and can be read, each named by its key."""
+    from verl_async_rm.verdict_log import inputs_path
+
+    _readable_file(settings.log, "log")
+    if settings.input is not None:
+        _readable_file(settings.input, "input")
+    elif not inputs_path(settings.log).is_file():
+        raise ValueError(f"{_named('input')} is null, and the log {settings.log!r} keeps no inputs (no "
+                         f"{inputs_path(settings.log).name} beside it): name the file that run scored, or have the run "
+                         "keep them (reward.async_agent.verdict_log_inputs=true)")
+    path = settings.reward.path
+    if path is not None and not path.startswith("pkg://"):
+        _readable_file(path.removeprefix("file://"), "reward_file" if path != settings.run_reward_path else "reward_file "
+                       "(the run's reward.custom_reward_function.path)")
+
+
 def check_at_start(settings: DriftCheckSettings) -> None:
-    """What a run checks before any worker starts: the calibration set loads (log readable, the
-    selection non-empty, every selected sample's input found) and the judge loads."""
+    """What a run checks before any worker starts: the files exist, the calibration set loads (log
+    readable, the selection non-empty, every selected sample's input found) and the judge loads."""
     from verl_async_rm.loader import check_spec
 
+    check_files(settings)
     load_calibration(settings)
     try:
         check_spec(settings.reward, construct=True)
@@ -226,6 +241,7 @@ class DriftMonitor:
         def make_agent(agent_settings: dict) -> RewardAgent:
             return RewardAgent(load_reward(spec.path, spec.name, dict(spec.kwargs)), agent_settings)
 
+        check_files(settings)
         check = DriftCheck(load_calibration(settings), make_agent, settings.every_n_steps, config=settings.settings,
                            workdir=Path(workdir) if workdir is not None else None)
         return cls(check, settings.every_n_steps, settings.background)

@@ -89,9 +89,11 @@ def test_defaults_and_the_runs_own_judge(past):
     ({"every_n_step": 5}, "reward.async_agent.drift_check: unknown key(s) ['every_n_step']"),
 ])
 def test_each_bad_setting_is_refused_naming_its_key(past, change, named):
+    """Values when read (in every process); files where the run starts (``check_at_start``): a worker on
+    another node need not see them."""
     block = {"log": str(past.log), **{k: v.format(dir=past.dir) if isinstance(v, str) else v for k, v in change.items()}}
     with pytest.raises(ValueError) as error:
-        parse(block)
+        check_at_start(parse(block))
     assert named.format(dir=past.dir) in str(error.value)
 
 
@@ -99,8 +101,11 @@ def test_a_log_without_kept_inputs_needs_input_naming_the_setting(past):
     inputs_path(past.log).unlink()
     with pytest.raises(ValueError, match=r"drift_check.input is null, and the log .* keeps no inputs .*"
                                          r"reward.async_agent.verdict_log_inputs=true"):
-        parse({"log": str(past.log)})
-    assert parse({"log": str(past.log), "input": str(past.input)}).input == str(past.input)
+        check_at_start(parse({"log": str(past.log)}))
+    with_input = parse({"log": str(past.log), "input": str(past.input), "reward_file": str(past.dir / "exact.py"),
+                        "reward_kwargs": {}})
+    check_at_start(with_input)
+    assert with_input.input == str(past.input)
 
 
 def test_at_start_the_calibration_loads_and_an_empty_or_unjoinable_one_is_refused_naming_the_key(past):
@@ -121,8 +126,12 @@ def test_at_start_the_calibration_loads_and_an_empty_or_unjoinable_one_is_refuse
         agent.get_all(agent.submit(past.rows[:4], 4))
     with pytest.raises(ValueError, match=r"^reward.async_agent.drift_check.log .*: no sample selected"):
         check_at_start(parse({"log": str(failed), "reward_file": str(past.dir / "exact.py"), "reward_kwargs": {}}))
-    with pytest.raises(ValueError, match=r"^reward.async_agent.drift_check: its judge .*run_judge.py"):
+    with pytest.raises(ValueError, match=r"^reward.async_agent.drift_check.reward_file \(the run's "
+                                         r"reward.custom_reward_function.path\) '/judges/run_judge.py': no such file"):
         check_at_start(parse({"log": str(past.log)}))  # the run's judge file does not exist here
+    (past.dir / "broken.py").write_text("import nowhere_to_be_found\n")
+    with pytest.raises(ValueError, match=r"^reward.async_agent.drift_check: its judge .*broken.py"):
+        check_at_start(parse({"log": str(past.log), "reward_file": str(past.dir / "broken.py")}))
 
 
 def test_read_from_verls_config_with_the_runs_reward_and_paths_made_absolute(past, monkeypatch):
