@@ -57,6 +57,7 @@ class VerdictBook:
         header = reward_record(self.identity, plan.accepts if plan is not None else ())
         self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s, header=header)
         self.resumed = 0
+        self.judge_names: list[str] | None = None  # a judge list's names: each record says whose verdict it is
 
     def request(self, sample) -> str:
         """The sample's request key; a group judge's members get theirs within their group."""
@@ -140,6 +141,8 @@ class VerdictBook:
         })
         if stage is not None:
             record["stage"] = stage
+        if self.judge_names is not None:
+            record["judge"] = self.judge_names[getattr(sample, "judge", 0)]
         self.writer.append(record)
 
     def close(self) -> None:
