@@ -51,8 +51,8 @@ class JudgeConfig(BaseModel):
     switch_after_throttled_s: float = Field(
         60.0, gt=0, description="a judge answering only 429/503 this long counts as down (the last judge: max_throttled_s)")
     max_failure_rate: float = Field(0.5, gt=0, le=1, description="down once more than this share of its last "
-                                    "failure_window samples failed there (all attempts)")
-    failure_window: int = Field(20, ge=1, description="samples in the failure-rate window of this judge")
+                                    "failure_window attempts there failed (429/503 are not failures)")
+    failure_window: int = Field(20, ge=1, description="attempts in the failure-rate window of this judge")
     retry_after_s: float = Field(30.0, gt=0, description="a down judge is probed again (one request) this long after")
 
 

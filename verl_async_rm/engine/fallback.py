@@ -11,7 +11,7 @@ at one judge pauses that judge only.
 Routing, one sample at a time:
 - a sample goes to the first judge that is **up**;
 - a judge goes **down** when more than its ``max_failure_rate`` of its last ``failure_window``
-  samples failed there (every attempt), when its budget is spent (for good: a budget does not
+  attempts there failed (errors and timeouts; throttles are flow control), when its budget is spent (for good: a budget does not
   refill), or when every answer for ``switch_after_throttled_s`` was a 429/503. Its queued
   samples move to the next judge at once; a sample waiting to retry there moves when its wait ends;
   a sample in flight there finishes there (its answer counts: it was never sent twice);
@@ -182,6 +182,7 @@ class JudgeChain:
                 max_hung_calls=own.max_hung_calls,
                 max_throttled_s=config.max_throttled_s if state.last else judge.switch_after_throttled_s,
                 on_throttled_out=None if state.last else (lambda s, m, state=state: self.throttled_out(state, s, m)),
+                on_attempt_error=None if state.last else (lambda kind, m, state=state: self.attempt_failed(state, kind, m)),
                 meters=meters,
                 spend=state.spend,
                 queue=self._new_queue(),
@@ -305,9 +306,13 @@ class JudgeChain:
         if judge.probe is sample:
             judge.probe = None
             self._down(judge, f"its probe failed: {outcome.message}")
-        elif judge.breaker.record(True, outcome.kind, outcome.message):
-            self._down(judge, judge.breaker.describe())
         self._move(judge, sample, judge.index + 1)
+
+    def attempt_failed(self, judge: JudgeState, kind: str, message: str) -> None:
+        """An attempt at ``judge`` failed (not a throttle): its breaker counts attempts, not samples,
+        so an outage is seen within ``failure_window`` attempts, whatever the retry waits."""
+        if judge.breaker.record(True, kind, message) and judge.status == UP:
+            self._down(judge, judge.breaker.describe().replace("samples failed", "attempts failed", 1))
 
     def throttled_out(self, judge: JudgeState, sample: Sample, message: str) -> None:
         """Every answer of ``judge`` for ``switch_after_throttled_s`` was a throttle: it is down."""
