@@ -182,7 +182,7 @@ class JudgeChain:
                 max_hung_calls=own.max_hung_calls,
                 max_throttled_s=config.max_throttled_s if state.last else judge.switch_after_throttled_s,
                 on_throttled_out=None if state.last else (lambda s, m, state=state: self.throttled_out(state, s, m)),
-                on_attempt_error=None if state.last else (lambda kind, m, state=state: self.attempt_failed(state, kind, m)),
+                on_attempt_error=None if state.last else (lambda s, kind, e, state=state: self.attempt_failed(state, s, kind, e)),
                 meters=meters,
                 spend=state.spend,
                 queue=self._new_queue(),
@@ -308,10 +308,16 @@ class JudgeChain:
             self._down(judge, f"its probe failed: {outcome.message}")
         self._move(judge, sample, judge.index + 1)
 
-    def attempt_failed(self, judge: JudgeState, kind: str, message: str) -> None:
+    def attempt_failed(self, judge: JudgeState, sample: Sample, kind: str, error: BaseException) -> None:
         """An attempt at ``judge`` failed (not a throttle): its breaker counts attempts, not samples,
-        so an outage is seen within ``failure_window`` attempts, whatever the retry waits."""
-        if judge.breaker.record(True, kind, message) and judge.status == UP:
+        so an outage is seen within ``failure_window`` attempts, whatever the retry waits. A probe's
+        first failed attempt keeps its judge down (the probe sample then moves on when its retry
+        wait ends: the gate hands it over)."""
+        message = f"{sample.where()}: {type(error).__name__}: {error}"
+        if judge.probe is sample:
+            judge.probe = None
+            self._down(judge, f"its probe failed: {message}")
+        elif judge.breaker.record(True, kind, message) and judge.status == UP:
             self._down(judge, judge.breaker.describe().replace("samples failed", "attempts failed", 1))
 
     def throttled_out(self, judge: JudgeState, sample: Sample, message: str) -> None:

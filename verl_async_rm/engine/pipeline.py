@@ -156,7 +156,7 @@ class RequestPipeline:
         answer_early: Callable[[list[Sample]], list[Sample]] | None = None,
         queue: Any = None,
         on_throttled_out: Callable[[Sample, str], None] | None = None,
-        on_attempt_error: Callable[[str, str], None] | None = None,
+        on_attempt_error: Callable[[Sample, str, BaseException], None] | None = None,
     ):
         """Admission asks the concurrency cap (``max_concurrency``: slots held until a call really
         ends) and the flow control (its answers come from here) first, then ``meters``, in order.
@@ -182,7 +182,7 @@ class RequestPipeline:
         # A judge of a fallback list (engine/fallback.py) throttled past max_throttled_s is down, not
         # a loud failure: the sample whose throttle said so is handed over instead.
         self.on_throttled_out = on_throttled_out
-        self.on_attempt_error = on_attempt_error  # (kind, message) of each failed attempt, not a throttle: the same
+        self.on_attempt_error = on_attempt_error  # (sample, kind, error) of each failed attempt, not a throttle
         self.cache = cache
         # Hooks of judge operations (cost.py, verdict_log.py): usage per attempt, and the budget's
         # reservation released with it (the budget is a meter too); samples answered from the
@@ -584,7 +584,7 @@ class RequestPipeline:
             return
         self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
         if self.on_attempt_error is not None:  # a judge list's breaker counts attempts (engine/fallback.py)
-            self.on_attempt_error(info.kind, f"{sample.where()}: {type(error).__name__}: {error}")
+            self.on_attempt_error(sample, info.kind, error)
         sample.attempts += 1
         delay = self.retry.next_delay(sample.attempts, info.retry_after) if info.retryable else None
         if delay is None:
