@@ -956,6 +956,29 @@ def _parse_storm(text: str) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(argv)
+
+    # SIGTERM (a benchmark script killing us) should also print the counters. SIGINT is installed
+    # explicitly because a shell's background job inherits SIGINT=ignored, and Ctrl-C must work.
+    def _interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    with JudgeServer(cfg) as server:
+        print(server.base_url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        print(json.dumps(server.stats().to_dict()), flush=True)
+    return 0
+
+
+def parse_config(argv: Sequence[str] | None = None) -> JudgeServerConfig:
+    """The server's configuration from its command line (tests start the servers a guide's example
+    names in process, from the same arguments)."""
     p = argparse.ArgumentParser(prog="python -m verl_async_rm_rig.judge_server", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback only")
     p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
@@ -1017,23 +1040,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as e:
         p.error(str(e))
-
-    # SIGTERM (a benchmark script killing us) should also print the counters. SIGINT is installed
-    # explicitly because a shell's background job inherits SIGINT=ignored, and Ctrl-C must work.
-    def _interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    with JudgeServer(cfg) as server:
-        print(server.base_url, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-        print(json.dumps(server.stats().to_dict()), flush=True)
-    return 0
+    return cfg
 
 
 if __name__ == "__main__":

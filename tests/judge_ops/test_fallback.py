@@ -326,3 +326,56 @@ def test_the_first_judges_token_budget_hit_mid_run_moves_the_rest_and_is_not_cro
     used = served_a.prompt_tokens_served + served_a.completion_tokens_served
     assert used == budget and served_a.outcomes["ok"] == 60 and served_b.outcomes["ok"] == 240
     assert metrics["judge/hosted/up"] == 0
+
+
+# -- the guide's example ------------------------------------------------------------------------------------
+def _guide_section() -> str:
+    from tests.conftest import ROOT
+
+    return (ROOT / "docs" / "guide" / "judge-operations.md").read_text().split("## Judge fallback", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.quick
+def test_the_guides_verl_config_of_two_judges_is_valid():
+    import yaml
+
+    block = _guide_section().split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = AgentConfig.from_mapping(yaml.safe_load(block)["reward"]["async_agent"])
+    assert [judge.name for judge in config.judges] == ["hosted", "selfhosted"] and config.judges[0].money_budget == 50
+
+
+@pytest.mark.local
+def test_the_guides_fallback_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The guide's commands, with the servers started in process from the same arguments (ports
+    replaced by free ones) and the CLI called as ``verl-async-rm`` would."""
+    import dataclasses
+    import shlex
+
+    from tests.conftest import ROOT
+    from verl_async_rm.cli import main
+    from verl_async_rm_rig.judge_server import JudgeServer, parse_config
+
+    block = _guide_section().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("  #")[0].strip().rstrip("&").strip()
+                for line in block.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+    servers = [shlex.split(c) for c in commands if c.startswith("python -m verl_async_rm_rig.judge_server")]
+    ours = [c for c in commands if c.startswith("verl-async-rm ")]
+    assert len(servers) == 2 and len(ours) == 1 and "--outage" in servers[0]
+    configs = [parse_config(spec[3:]) for spec in servers]
+    monkeypatch.chdir(tmp_path)
+    with JudgeServer(dataclasses.replace(configs[0], port=0)) as hosted, \
+            JudgeServer(dataclasses.replace(configs[1], port=0)) as selfhosted:
+        command = ours[0]
+        for server, config in zip((hosted, selfhosted), configs):
+            command = command.replace(f"127.0.0.1:{config.port}", f"127.0.0.1:{server.port}")
+        command = command.replace("bench/results/", f"{ROOT}/bench/results/")
+        assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+        served = {"hosted": hosted.stats().outcomes, "selfhosted": selfhosted.stats().outcomes}
+    summary = json.loads((tmp_path / "fallback_summary.json").read_text())
+    assert summary["samples"] == summary["scored"] == 1024 and summary["failed"] == 0
+    assert served["hosted"]["outage"] > 0 and served["selfhosted"]["ok"] > 0
+    judges = summary["judges"]
+    assert judges["hosted"]["scored"] + judges["selfhosted"]["scored"] == 1024 == served["hosted"]["ok"] + served["selfhosted"]["ok"]
+    assert judges["hosted"]["switches"] >= 1
+    rows = [json.loads(line) for line in (tmp_path / "fallback.jsonl").read_text().splitlines()]
+    assert {row["reward_extra_info"]["judge_index"] for row in rows} == {0, 1}
