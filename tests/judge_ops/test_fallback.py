@@ -239,12 +239,16 @@ def test_the_verdict_log_names_each_verdicts_judge_and_a_resume_answers_from_it(
     log = tmp_path / "verdicts.jsonl"
     fake = FakeJudges()
     fake.down.add("a")
-    config = {**FAST, "verdict_log": str(log), "judges": judges("a", "b", failure_window=4, retry_after_s=60)}
+    config = {**FAST, "verdict_log": str(log), "price_input_per_million": 1.0,
+              "judges": [{"name": "a", "kwargs": {"who": "a"}, "failure_window": 4, "retry_after_s": 60},
+                         {"name": "b", "kwargs": {"who": "b"}, "price_input_per_million": 1_000_000}]}
     with RewardAgent(fake.reward(), config) as agent:
         agent.get(agent.submit(items(30)))
+        metrics = agent.metrics()
     records = read_log(str(log)).records
     assert len(records) == 30 and {r["judge"] for r in records} == {"b"}
     assert all(r["extra"]["judge_index"] == 1 for r in records)
+    assert {r["cost"] for r in records} == {10.0} and metrics["judge/b/cost"] == metrics["cost"] == 300.0  # b's own price
     calls = dict(fake.calls)
     with RewardAgent(fake.reward(), config) as agent:  # resumed: answered from the log, not sent
         chunk = agent.get(agent.submit(items(30)))

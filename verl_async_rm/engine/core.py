@@ -136,6 +136,7 @@ class ScoringEngine:
             if self.verdicts is not None:
                 self.chain.answer_early = functools.partial(self.verdicts.answer_from_log, settle=self.settle)
                 self.verdicts.judge_names = [judge.name for judge in config.judges]
+                self.verdicts.judge_prices = [judge.spend.ledger.prices for judge in self.chain.judges]
         else:
             self.pipeline = self._one_pipeline(config, calls, meters, spend)
         if self.shared is not None:
