@@ -180,6 +180,27 @@ def test_a_flapping_judge_loses_no_sample_and_scores_none_twice(schedule, concur
 
 
 @pytest.mark.quick
+def test_the_per_sample_path_falls_back_too_each_member_answered_once():
+    """verl's per-sample path (``ascore_in_group``): members arrive one by one while judge a is down."""
+    fake = FakeJudges()
+    fake.down.add("a")
+    config = {**FAST, "max_concurrency": 4, "judges": judges("a", "b", failure_window=4, retry_after_s=60)}
+    with RewardAgent(fake.reward(), config) as agent:
+        async def main():
+            async def member(group, k):
+                await asyncio.sleep(0.001 * k)
+                return await agent.ascore_in_group({"solution_str": f"s{group}-{k}", "ground_truth": "1"}, f"u{group}", 4)
+
+            return await asyncio.gather(*(member(g, k) for g in range(15) for k in range(4)))
+
+        answers = asyncio.run(main())
+        metrics = agent.metrics()
+    assert [score for score, _ in answers] == [1.0] * 60 and {extra["judge_index"] for _, extra in answers} <= {0, 1}
+    assert len(fake.scored_per_sample()) == 60 and max(fake.scored_per_sample().values()) == 1
+    assert metrics["judge/a/up"] == 0 and metrics["judge/b/scored"] == 60
+
+
+@pytest.mark.quick
 def test_all_judges_down_is_the_loud_failure():
     fake = FakeJudges()
     fake.down.update({"a", "b"})
