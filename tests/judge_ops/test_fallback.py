@@ -282,14 +282,15 @@ def _two_judges(server_a, server_b, **a_settings) -> list[dict]:
             {"name": "selfhosted", "kwargs": {"base_url": server_b.base_url}}]
 
 
-def _run_loopback(config_a: dict, fault, n: int, a_settings: dict, tmp_path, agent_settings=None, usage=None):
+def _run_loopback(config_a: dict, fault, n: int, a_settings: dict, tmp_path, agent_settings=None, usage=None,
+                  latency_b=(0.01, 0.03)):
     from verl_async_rm.user_rewards.llm_judge import JudgeReward
     from verl_async_rm_rig.judge_server import JudgeServer, JudgeServerConfig
 
     log = tmp_path / "verdicts.jsonl"
     data = [{"solution_str": f"the answer is {i % 5}", "ground_truth": str(i % 3)} for i in range(n)]
     with JudgeServer(JudgeServerConfig(latency=(0.01, 0.03), usage=usage, **config_a)) as a, \
-            JudgeServer(JudgeServerConfig(latency=(0.01, 0.03), seed=1, usage=usage)) as b:
+            JudgeServer(JudgeServerConfig(latency=latency_b, seed=1, usage=usage)) as b:
         config = {"max_concurrency": 8, "max_attempts": 2, "backoff_initial": 0.01, "backoff_max": 0.05,
                   "verdict_log": str(log), "judges": _two_judges(a, b, **a_settings), **(agent_settings or {})}
         with RewardAgent(JudgeReward, config, reward_kwargs={"model": "judge-stub", "base_url": a.base_url}) as agent:
@@ -315,6 +316,7 @@ def test_an_outage_of_the_first_judge_mid_run_switches_and_returns(tmp_path, cap
         metrics, served_a, served_b, chunk = _run_loopback(
             {}, lambda a: a.start_outage(0.8, delay_s=0.3), 500,
             {"failure_window": 8, "retry_after_s": 0.3}, tmp_path,
+            latency_b=(0.05, 0.1),  # the self-hosted judge is slower: samples are still queued when the first returns
         )
     assert served_a.outcomes["outage"] > 0 and served_b.outcomes["ok"] > 0 and served_a.outcomes["ok"] > 0
     assert metrics["judge/hosted/switches"] >= 1 and metrics["judge/hosted/returns"] >= 1 and metrics["judge/hosted/up"] == 1
@@ -404,3 +406,23 @@ def test_the_guides_fallback_example_runs_as_written(tmp_path, monkeypatch, caps
     assert judges["hosted"]["switches"] >= 1
     rows = [json.loads(line) for line in (tmp_path / "fallback.jsonl").read_text().splitlines()]
     assert {row["reward_extra_info"]["judge_index"] for row in rows} == {0, 1}
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_each_judge_calls_the_reward_with_its_own_kwargs_on_every_executor(tmp_path, executor):
+    """A sync reward loaded from a file: threads call it in process, worker processes load it from
+    its spec; either way each judge's kwargs reach it."""
+    reward_file = tmp_path / "who.py"
+    reward_file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, who='nobody', down=()):\n"
+        "    if who in down:\n"
+        "        raise ConnectionError(who + ' is down')\n"
+        "    return {'score': 1.0, 'who': who}\n"
+    )
+    config = {**FAST, "executor": executor, "max_concurrency": 2,
+              "judges": [{"name": "a", "kwargs": {"who": "a", "down": ["a"]}, "failure_window": 4, "retry_after_s": 60},
+                         {"name": "b", "kwargs": {"who": "b"}}]}
+    with RewardAgent.from_file(str(reward_file), "compute_score", config, reward_kwargs={"who": "agent"}) as agent:
+        chunk = agent.get(agent.submit(items(12)), timeout=120)
+    assert chunk.scores == [1.0] * 12 and set(chunk.extra_info["who"]) == {"b"} and set(chunk.extra_info["judge_index"]) == {1}

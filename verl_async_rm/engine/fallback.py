@@ -83,7 +83,9 @@ def judge_reward(reward: UserReward, judge: JudgeConfig) -> UserReward:
                          "apply its kwargs to it; pass the reward's class or function (or load it by path)")
     merged = {**reward.kwargs, **judge.kwargs}
     target = type(reward.instance) if reward.instance is not None else reward.score_fn
-    return wrap_reward(target, merged, spec=reward.spec)
+    # The spec too: process workers load the reward from it, with its kwargs.
+    spec = dataclasses.replace(reward.spec, kwargs=merged) if reward.spec is not None else None
+    return wrap_reward(target, merged, spec=spec)
 
 
 def judge_config(config: AgentConfig, judge: JudgeConfig) -> AgentConfig:
