@@ -139,11 +139,17 @@ class AgentConfig(BaseModel):
     judges: tuple[JudgeConfig, ...] | None = Field(
         None, description="an ordered fallback list of judges (engine/fallback.py); None or empty: one judge, the reward as given"
     )
+    calibration_share: float = Field(
+        0.0, ge=0, le=1, allow_inf_nan=False, description="with judges: this share of the samples the first judge "
+        "scores is also scored by the second (never settling them), their agreement reported per step"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
         if self.judges:
             _check_judges(self)
+        if self.calibration_share > 0 and len(self.judges or ()) < 2:
+            raise ValueError("calibration_share needs judges: at least two (the second scores a share of the first's samples)")
         if self.ticket_deadline is not None and self.request_timeout is not None:
             if self.ticket_deadline < self.request_timeout:
                 raise ValueError(

@@ -153,12 +153,15 @@ def test_a_judge_that_is_down_moves_its_samples_on_and_comes_back_after_a_probe(
 @pytest.mark.quick
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(st.tuples(st.sampled_from(["down", "up", "throttle"]), st.integers(0, 6)), min_size=1, max_size=8),
-       concurrency=st.sampled_from([1, 3, 16]))
-def test_a_flapping_judge_loses_no_sample_and_scores_none_twice(schedule, concurrency):
+       concurrency=st.sampled_from([1, 3, 16]), calibration=st.sampled_from([0.0, 0.5]))
+def test_a_flapping_judge_loses_no_sample_and_scores_none_twice(schedule, concurrency, calibration):
     """Judge a goes down, throttles and comes back at any moments (a schedule of steps of ~1 ms);
-    b is always up: every sample is scored, exactly once."""
+    b is always up: every sample is scored, exactly once (with calibration, a selected sample a
+    scored is also answered by b, on purpose, and never settled twice)."""
+    from verl_async_rm.engine.fallback import Calibration
+
     fake = FakeJudges()
-    config = {**FAST, "max_concurrency": concurrency, "max_failure_rate": 1.0,
+    config = {**FAST, "max_concurrency": concurrency, "max_failure_rate": 1.0, "calibration_share": calibration,
               "judges": judges("a", "b", failure_window=3, retry_after_s=0.002, switch_after_throttled_s=0.002)}
     with RewardAgent(fake.reward(), config) as agent:
         ticket = agent.submit(items(80))
@@ -174,7 +177,9 @@ def test_a_flapping_judge_loses_no_sample_and_scores_none_twice(schedule, concur
         metrics = agent.metrics()
     assert chunk.scores == [1.0] * 80
     per_sample = fake.scored_per_sample()
-    assert len(per_sample) == 80 and max(per_sample.values()) == 1
+    twice = {f"s{i}" for i in range(80) if calibration and Calibration(calibration).selected(SimpleItem(f"s{i}"))}
+    assert len(per_sample) == 80 and all(count == 1 for s, count in per_sample.items() if s not in twice)
+    assert all(fake.answers[("a", s)] <= 1 and fake.answers[("b", s)] <= 1 for s in per_sample)
     assert metrics["completed"] == 80 and metrics["failed"] == 0 and metrics["pending"] == 0
     assert metrics["judge/a/scored"] + metrics["judge/b/scored"] == 80
 
@@ -274,6 +279,65 @@ def test_the_verdict_log_names_each_verdicts_judge_and_a_resume_answers_from_it(
     with RewardAgent(fake.reward(), config) as agent:  # resumed: answered from the log, not sent
         chunk = agent.get(agent.submit(items(30)))
     assert chunk.scores == [1.0] * 30 and dict(fake.calls) == calls and set(chunk.extra_info["judge_index"]) == {1}
+
+
+# -- calibration ---------------------------------------------------------------------------------------------
+class DisagreeingJudges(FakeJudges):
+    """Judge b gives 0.0 to the samples whose number is a multiple of 4, else agrees with a (1.0)."""
+
+    async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None, who="?"):
+        answer = await super().compute_score(data_source, solution_str, ground_truth, extra_info, who)
+        if who == "b" and int(solution_str[1:]) % 4 == 0:
+            return {**answer, "score": 0.0}
+        return answer
+
+
+@pytest.mark.quick
+def test_calibration_scores_a_share_twice_on_purpose_reports_agreement_per_step_and_settles_nothing_twice():
+    from verl_async_rm.engine.fallback import Calibration
+
+    fake = DisagreeingJudges()
+    config = {**FAST, "calibration_share": 0.5, "judges": judges("a", "b")}
+    with pytest.raises(ValueError, match="calibration_share needs judges"):
+        AgentConfig.from_mapping({"calibration_share": 0.5})
+    selected = [i for i in range(400) if Calibration(0.5).selected(SimpleItem(f"s{i}"))]
+    assert 120 < len(selected) < 280  # about half, the same ones in every run
+    with RewardAgent(fake.reward(), config) as agent:
+        first = agent.get(agent.submit(items(200)))
+        second = agent.get(agent.submit(items(200, 200)))
+        deadline = time.monotonic() + 10
+        while agent.metrics()["calibration/pairs"] < len(selected) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the shadows of the last samples are answered after them
+        metrics = agent.metrics()
+    assert first.scores + second.scores == [1.0] * 400 and set(first.extra_info["judge_index"]) == {0}  # a's scores settle
+    assert metrics["completed"] == 400 and metrics["submitted"] == 400  # the shadows are no samples of the run
+    assert fake.calls["b"] == metrics["calibration/pairs"] == len(selected) and metrics["calibration/failed"] == 0
+    disagree = sum(1 for i in selected if i % 4 == 0)
+    assert metrics["calibration/agreement"] == pytest.approx(1 - disagree / len(selected))
+    assert metrics["calibration/mean_abs_diff"] == pytest.approx(disagree / len(selected))
+    last = [i for i in selected if i >= 200]
+    assert metrics["calibration/last_step_pairs"] == len(last)
+    assert metrics["calibration/last_step_agreement"] == pytest.approx(1 - sum(1 for i in last if i % 4 == 0) / len(last))
+
+
+class SimpleItem:
+    def __init__(self, solution_str: str):
+        self.data_source, self.solution_str, self.ground_truth = "", solution_str, "1"
+
+
+@pytest.mark.quick
+def test_a_failing_second_judge_fails_calibration_only_never_the_run():
+    fake = FakeJudges()
+    fake.down.add("b")
+    config = {**FAST, "calibration_share": 1.0, "max_concurrency": 8, "judges": judges("a", "b")}
+    with RewardAgent(fake.reward(), config) as agent:
+        chunk = agent.get(agent.submit(items(300)))
+        deadline = time.monotonic() + 10
+        while agent.metrics()["calibration/failed"] < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        metrics = agent.metrics()
+    assert chunk.scores == [1.0] * 300 and metrics["failed"] == 0 and metrics["stopped"] is None
+    assert metrics["calibration/failed"] == 300 and metrics["calibration/pairs"] == 0
 
 
 # -- two loopback judges, the real openai client ----------------------------------------------------------

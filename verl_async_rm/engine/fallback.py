@@ -31,6 +31,14 @@ the next loop turn (so the old pipeline finishes its book-keeping of the attempt
 reservation, first), and never once it is settled. An abandoned attempt (deadline, cancel) is
 abandoned in the pipeline that holds it, so a late answer is dropped there as without a list.
 
+Calibration (``calibration_share``): a share of the samples the first judge scores (chosen by a
+hash of the request, so the same ones in every run) is also sent to the second judge as a *shadow*
+request: it never settles anything (its owner is a ``Shadow``, not a ticket or stream member), it
+never moves on (a failure, a down or spent judge drops it, counted), and it ranks after every
+training sample. Each answered pair is counted per step (the primary's ticket; the per-sample path
+is one step, ``stream``): ``calibration/*`` metrics give the pairs, the share that agree (the same
+score) and the mean absolute difference, overall and for the latest step with pairs.
+
 Recording: a scored sample's extra info gets ``judge_index`` (the judge's place in the list, a
 number: verl's ``reward_extra_info`` wants one value per sample); the verdict log record gets
 ``judge`` (its name); ``metrics()`` gets ``judge/<name>/requests|scored|failures|moved_out|
@@ -43,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -137,6 +146,78 @@ class JudgeState:
     returns: int = 0
 
 
+class Shadow:
+    """The owner of a calibration request: the sample the first judge scored, its score and step.
+    Never settled; named in error messages after its primary."""
+
+    __slots__ = ("primary", "score", "step", "opening")
+
+    def __init__(self, primary: Any, score: float, step: str, opening: int):
+        self.primary, self.score, self.step, self.opening = primary, score, step, opening
+
+    def describe(self, item) -> str:
+        return f"calibration request for {self.primary.describe(item)}"
+
+    def admission_rank(self, item) -> tuple[bool, int, int, int]:
+        """After every training sample (ranked as validation), by its primary's opening."""
+        return True, self.opening, 0, 0
+
+
+@dataclass
+class Calibration:
+    """The pairs (first judge, second judge) of the calibration requests, per step. Bounded: the
+    steps kept are the most recent ``MAX_STEPS``."""
+
+    share: float
+    pairs: int = 0
+    agreed: int = 0
+    abs_diff: float = 0.0
+    skipped: int = 0  # selected, but the second judge was not up (or the request was dropped)
+    failed: int = 0  # the second judge failed the request
+    steps: dict = dataclasses.field(default_factory=dict)  # step -> [pairs, agreed, abs_diff]
+    last_step: str | None = None
+
+    MAX_STEPS = 1000
+
+    def selected(self, item) -> bool:
+        """The same samples in every run: a hash of the request, not a random draw."""
+        key = f"{item.data_source!r}\x00{item.solution_str!r}\x00{item.ground_truth!r}".encode()
+        return zlib.crc32(key) < self.share * 2**32
+
+    def record(self, step: str, first: float, second: float) -> None:
+        diff = abs(first - second)
+        agreed = diff <= 1e-9
+        self.pairs += 1
+        self.agreed += agreed
+        self.abs_diff += diff
+        figures = self.steps.get(step)
+        if figures is None:
+            if len(self.steps) >= self.MAX_STEPS:
+                del self.steps[next(iter(self.steps))]
+            figures = self.steps[step] = [0, 0, 0.0]
+        figures[0] += 1
+        figures[1] += agreed
+        figures[2] += diff
+        self.last_step = step
+
+    def metrics(self) -> dict:
+        nan = float("nan")
+        out = {
+            "calibration/pairs": self.pairs, "calibration/agreement": self.agreed / self.pairs if self.pairs else nan,
+            "calibration/mean_abs_diff": self.abs_diff / self.pairs if self.pairs else nan,
+            "calibration/skipped": self.skipped, "calibration/failed": self.failed,
+        }
+        last = self.steps.get(self.last_step) if self.last_step is not None else None
+        out["calibration/last_step"] = self.last_step
+        out["calibration/last_step_pairs"] = last[0] if last else 0
+        out["calibration/last_step_agreement"] = last[1] / last[0] if last else nan
+        return out
+
+    def step_agreement(self) -> dict[str, dict]:
+        """Per step: pairs, agreement, mean absolute difference."""
+        return {step: {"pairs": p, "agreement": a / p, "mean_abs_diff": d / p} for step, (p, a, d) in self.steps.items()}
+
+
 @dataclass(frozen=True)
 class JudgeEvent:
     t: float  # the loop's time
@@ -193,6 +274,7 @@ class JudgeChain:
         self.first = self.judges[0]
         self.flow = self.first.pipeline.flow
         self.answer_early = None  # the verdict log's, set by the engine
+        self.calibration = Calibration(config.calibration_share) if config.calibration_share > 0 else None
 
     def _new_queue(self):
         config = self.engine.config
@@ -286,6 +368,9 @@ class JudgeChain:
         failed (settled at the last judge, else moved on)."""
         if sample.settled:
             return
+        if sample.owner.__class__ is Shadow:
+            self._shadow_done(sample, outcome)
+            return
         if isinstance(outcome, Scored):
             judge.scored += 1
             if not judge.last:
@@ -296,6 +381,8 @@ class JudgeChain:
             if not outcome.cached:
                 outcome.extra = {**outcome.extra, JUDGE_INDEX_KEY: judge.index}
             self.engine.settle(sample, outcome)
+            if self.calibration is not None and judge.index == 0 and not outcome.cached:
+                self._calibrate(sample, outcome.score)
             return
         if outcome.attempts == 0 or judge.last:  # never sent (unsendable), or nowhere left to go
             if outcome.attempts:
@@ -324,6 +411,11 @@ class JudgeChain:
 
     def throttled_out(self, judge: JudgeState, sample: Sample, message: str) -> None:
         """Every answer of ``judge`` for ``switch_after_throttled_s`` was a throttle: it is down."""
+        if sample.owner.__class__ is Shadow:
+            self.calibration.skipped += 1
+            if judge.status != DOWN:
+                self._down(judge, message)
+            return
         if judge.probe is sample:
             judge.probe = None
         if judge.status != DOWN:
@@ -334,6 +426,11 @@ class JudgeChain:
         """``judge``'s budget cannot take the next request: it is down for good (a budget does not
         refill); at the last judge this is the agent's loud ``BudgetExceeded``."""
         if judge.last:
+            if sample.owner.__class__ is Shadow:  # calibration does not stop the run: its request is dropped
+                sample.state = DONE
+                self.calibration.skipped += 1
+                self.loop.call_soon(judge.pipeline.pump)
+                return
             self.engine.judge.budget_spent(sample, spend=judge.spend)
             return
         if judge.status != DOWN or judge.timer is not None:
@@ -423,14 +520,49 @@ class JudgeChain:
 
     def _take_queue(self, judge: JudgeState) -> list[Sample]:
         """Every queued sample of ``judge``'s pipeline, taken out of it: its queue is replaced by an
-        empty one (so none of them can start there any more)."""
+        empty one (so none of them can start there any more). Calibration requests never move: they
+        stay queued while their judge takes samples, else they are dropped."""
         pipeline = judge.pipeline
         taken = [sample for sample in pipeline.queue if sample.state == QUEUED]
         queue = self._new_queue()
         pipeline.queue = deque() if queue is None else queue
+        if self.calibration is not None:
+            shadows = [sample for sample in taken if sample.owner.__class__ is Shadow]
+            if shadows:
+                taken = [sample for sample in taken if sample.owner.__class__ is not Shadow]
+                if judge.status == UP or judge.last:
+                    pipeline.queue.extend(shadows)
+                    self.loop.call_soon(pipeline.pump)
+                else:
+                    for shadow in shadows:
+                        shadow.state = DONE
+                    self.calibration.skipped += len(shadows)
         for sample in taken:
             _fresh(sample)
         return taken
+
+    # -- calibration ---------------------------------------------------------------------------------------
+    def _calibrate(self, sample: Sample, score: float) -> None:
+        """A sample the first judge scored: if it is selected, the second judge scores it too."""
+        calibration = self.calibration
+        if not calibration.selected(sample.item):
+            return
+        second = self.judges[1]
+        if second.status != UP and not second.last:
+            calibration.skipped += 1
+            return
+        owner = sample.owner
+        step = getattr(owner, "ticket", None) or "stream"
+        shadow = Sample(sample.item, Shadow(owner, score, step, owner.opening))
+        shadow.judge = second.index
+        second.pipeline.enqueue([shadow])
+
+    def _shadow_done(self, sample: Sample, outcome: Outcome) -> None:
+        owner = sample.owner
+        if isinstance(outcome, Scored):
+            self.calibration.record(owner.step, owner.score, outcome.score)
+        else:
+            self.calibration.failed += 1
 
     # -- statistics ----------------------------------------------------------------------------------------
     def statistics(self) -> PipelineStatistics:
@@ -449,7 +581,7 @@ class JudgeChain:
                                  for field in dataclasses.fields(CostStatistics)})
 
     def judge_metrics(self) -> dict:
-        out: dict = {}
+        out: dict = {} if self.calibration is None else self.calibration.metrics()
         for judge in self.judges:
             cost = judge.spend.ledger.statistics()
             prefix = f"judge/{judge.name}/"
