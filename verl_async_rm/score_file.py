@@ -199,6 +199,9 @@ def score_file(
             judges.setdefault(name, {})[figure] = value
     if judges:
         summary["judges"] = judges
+    calibration = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith("calibration/")}
+    if calibration:
+        summary["calibration"] = calibration
     if reference_warning is not None:
         summary["rows_without_reference"] = without_reference(items)
     if verdict_log is not None:
