@@ -433,6 +433,13 @@ def test_the_guides_verl_config_of_two_judges_is_valid():
     block = _guide_section().split("```yaml\n", 1)[1].split("```", 1)[0]
     config = AgentConfig.from_mapping(yaml.safe_load(block)["reward"]["async_agent"])
     assert [judge.name for judge in config.judges] == ["hosted", "selfhosted"] and config.judges[0].money_budget == 50
+    # as verl hands it over: an OmegaConf block, read by the seam's settings
+    from omegaconf import OmegaConf
+
+    from verl_async_rm.integration.settings import settings_from_verl_config
+
+    settings = settings_from_verl_config(OmegaConf.create(yaml.safe_load(block)))
+    assert settings.agent == config and settings.agent.judges[1].kwargs["api_key"] == "EMPTY"
 
 
 @pytest.mark.local
