@@ -374,11 +374,22 @@ def _run_loopback(config_a: dict, fault, n: int, a_settings: dict, tmp_path, age
     return metrics, served_a, served_b, chunk
 
 
+def after_answers(server, answered: int, fault) -> None:
+    """``fault(server)`` once the server has answered ``answered`` requests: mid-run by progress, not
+    by the clock, so a slow machine cannot move the fault before the first answer or after the last."""
+    def watch():
+        while server.stats().outcomes["ok"] < answered:
+            time.sleep(0.005)
+        fault(server)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 @pytest.mark.local
 def test_an_outage_of_the_first_judge_mid_run_switches_and_returns(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="verl_async_rm.engine.fallback"):
         metrics, served_a, served_b, chunk = _run_loopback(
-            {}, lambda a: a.start_outage(0.8, delay_s=0.3), 500,
+            {}, lambda a: after_answers(a, 50, lambda server: server.start_outage(0.8)), 500,
             {"failure_window": 8, "retry_after_s": 0.3}, tmp_path,
             latency_b=(0.05, 0.1),  # the self-hosted judge is slower: samples are still queued when the first returns
         )
@@ -394,7 +405,7 @@ def test_an_outage_of_the_first_judge_mid_run_switches_and_returns(tmp_path, cap
 def test_a_429_storm_longer_than_switch_after_throttled_s_moves_the_samples(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="verl_async_rm.engine.fallback"):
         metrics, served_a, served_b, _ = _run_loopback(
-            {}, lambda a: a.start_storm(30.0, retry_after_s=0.1, delay_s=0.3), 400,
+            {}, lambda a: after_answers(a, 50, lambda server: server.start_storm(30.0, retry_after_s=0.1)), 400,
             {"switch_after_throttled_s": 0.5, "retry_after_s": 60}, tmp_path,
         )
     assert served_a.outcomes["storm"] > 0 and served_b.outcomes["ok"] > 100
