@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,6 +31,30 @@ class SharedLimitsConfig(BaseModel):
             raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be at most lease_ttl/4 ({self.lease_ttl / 4:g}): "
                              "a job stops sending when it has not renewed its lease for lease_ttl/2")
         return self
+
+
+class JudgeConfig(BaseModel):
+    """One judge of an ordered fallback list (``AgentConfig.judges``, engine/fallback.py): the reward
+    is called with ``kwargs`` merged over its own (e.g. another ``base_url``/``model``/``api_key``), under
+    this judge's own limits. A limit left None is the agent's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="unique; names the judge in logs, metrics, the verdict log")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="merged over the reward's kwargs for calls to this judge")
+    max_concurrency: int | None = Field(None, ge=1)
+    requests_per_minute: float | None = Field(None, gt=0)
+    tokens_per_minute: float | None = Field(None, gt=0)
+    token_budget: int | None = Field(None, gt=0, description="this judge's budget: once spent, samples move to the next judge")
+    money_budget: float | None = Field(None, gt=0)
+    price_input_per_million: float | None = Field(None, ge=0)
+    price_output_per_million: float | None = Field(None, ge=0)
+    switch_after_throttled_s: float = Field(
+        60.0, gt=0, description="a judge answering only 429/503 this long counts as down (the last judge: max_throttled_s)")
+    max_failure_rate: float = Field(0.5, gt=0, le=1, description="down once more than this share of its last "
+                                    "failure_window attempts there failed (429/503 are not failures)")
+    failure_window: int = Field(20, ge=1, description="attempts in the failure-rate window of this judge")
+    retry_after_s: float = Field(30.0, gt=0, description="a down judge is probed again (one request) this long after")
 
 
 class AgentConfig(BaseModel):
@@ -118,8 +142,20 @@ class AgentConfig(BaseModel):
         "`verl-async-rm replay --log` needs no --input"
     )
 
+    judges: tuple[JudgeConfig, ...] | None = Field(
+        None, description="an ordered fallback list of judges (engine/fallback.py); None or empty: one judge, the reward as given"
+    )
+    calibration_share: float = Field(
+        0.0, ge=0, le=1, allow_inf_nan=False, description="with judges: this share of the samples the first judge "
+        "scores is also scored by the second (never settling them), their agreement reported per step"
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
+        if self.judges:
+            _check_judges(self)
+        if self.calibration_share > 0 and len(self.judges or ()) < 2:
+            raise ValueError("calibration_share needs judges: at least two (the second scores a share of the first's samples)")
         if self.ticket_deadline is not None and self.request_timeout is not None:
             if self.ticket_deadline < self.request_timeout:
                 raise ValueError(
@@ -166,6 +202,27 @@ class AgentConfig(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
             raise ValueError(f"invalid async reward agent config: {problems}") from None
+
+
+def _check_judges(config: AgentConfig) -> None:
+    """What a judge list cannot be combined with, refused with the reason (engine/fallback.py)."""
+    names = [judge.name for judge in config.judges]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"judges: duplicate names {duplicates}: each judge needs its own name (logs, metrics, verdict log)")
+    if config.cache:
+        raise ValueError("judges: cache is not supported with a judge list (a cached answer would hide which judge gave it)")
+    if config.shared_limits is not None:
+        raise ValueError("judges: shared_limits is not supported with a judge list (each judge has its own limits)")
+    if config.budgeted:
+        raise ValueError("judges: give each judge its own token_budget/money_budget, not the agent: a spent judge "
+                         "moves its samples to the next one")
+    for judge in config.judges:
+        if judge.money_budget is not None and not (
+            (judge.price_input_per_million if judge.price_input_per_million is not None else config.price_input_per_million)
+            or (judge.price_output_per_million if judge.price_output_per_million is not None else config.price_output_per_million)
+        ):
+            raise ValueError(f"judges: {judge.name}: money_budget needs prices (its own or the agent's)")
 
 
 def _check_log_path(path: str) -> None:

@@ -104,6 +104,7 @@ class AgentStatistics:
     cost: CostStatistics
     verdict_log: VerdictLogStatistics
     shared: SharedLimitsStatistics | None = None  # only with shared_limits
+    judges: dict | None = None  # only with a judge list: "judge/<name>/<figure>" (engine/fallback.py)
 
     def as_dict(self) -> dict:
         samples = _flat(self.samples)
@@ -121,6 +122,7 @@ class AgentStatistics:
             **_flat(self.cost),
             **_flat(self.verdict_log),
             **(_flat(self.shared) if self.shared is not None else {}),
+            **(self.judges or {}),
             **samples,
         }
 

@@ -192,6 +192,16 @@ def score_file(
         "cost": metrics["cost"],
         "estimated_cost": metrics["estimated_cost"],
     }
+    judges: dict = {}
+    for key, value in metrics.items():  # a judge list's figures (engine/fallback.py): per judge
+        if key.startswith("judge/"):
+            _, name, figure = key.split("/", 2)
+            judges.setdefault(name, {})[figure] = value
+    if judges:
+        summary["judges"] = judges
+    calibration = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith("calibration/")}
+    if calibration:
+        summary["calibration"] = calibration
     if reference_warning is not None:
         summary["rows_without_reference"] = without_reference(items)
     if verdict_log is not None:

@@ -76,8 +76,9 @@ __all__ = [
 # Every chat request ends in exactly one of these, so the counts always sum to ``requests``
 # (once nothing is in flight). "rate_limited" is the server's own limiter (token bucket or rpm
 # window), "storm" a request refused during a 429 storm; "429" is a random injected fault.
-# "bad_request"/"judge_error" are not faults: they flag a broken caller/judge.
-OUTCOMES = ("ok", "429", "500", "503", "hang", "malformed", "rate_limited", "storm", "bad_request", "judge_error")
+# "bad_request"/"judge_error" are not faults: they flag a broken caller/judge. "outage": a request
+# that arrived during an outage window, answered 500 at once (a judge that is down).
+OUTCOMES = ("ok", "429", "500", "503", "hang", "malformed", "rate_limited", "storm", "bad_request", "judge_error", "outage")
 # Refused at the front door by the server's flow control (never processed, no token taken).
 REJECTED_OUTCOMES = ("rate_limited", "storm")
 # Every outcome answered with HTTP 429.
@@ -225,6 +226,10 @@ class JudgeServerConfig:
     storm_start_s: float | None = None
     storm_duration_s: float = 0.0
     storm_retry_after_s: float = 1.0
+    # An outage: during [outage_start_s, outage_start_s + outage_duration_s) after start(), every
+    # request is answered 500 at once (the judge is down). ``JudgeServer.start_outage`` adds one at run time.
+    outage_start_s: float | None = None
+    outage_duration_s: float = 0.0
     # Size in bytes of the body of injected 500s (0 = the usual small error body): a valid OpenAI
     # error JSON whose message is padded, so clients that copy error text are exercised.
     error_body_bytes: int = 0
@@ -289,6 +294,11 @@ class JudgeServerConfig:
                 raise ValueError(f"storm_start_s must be >= 0, got {self.storm_start_s!r}")
             if not (math.isfinite(self.storm_duration_s) and self.storm_duration_s > 0):
                 raise ValueError(f"storm_duration_s must be > 0 with a storm_start_s, got {self.storm_duration_s!r}")
+        if self.outage_start_s is not None:
+            if not (math.isfinite(self.outage_start_s) and self.outage_start_s >= 0):
+                raise ValueError(f"outage_start_s must be >= 0, got {self.outage_start_s!r}")
+            if not (math.isfinite(self.outage_duration_s) and self.outage_duration_s > 0):
+                raise ValueError(f"outage_duration_s must be > 0 with an outage_start_s, got {self.outage_duration_s!r}")
         if not (math.isfinite(self.storm_retry_after_s) and self.storm_retry_after_s >= 0):
             raise ValueError(f"storm_retry_after_s must be >= 0, got {self.storm_retry_after_s!r}")
         if isinstance(self.error_body_bytes, bool) or not isinstance(self.error_body_bytes, int) or not (
@@ -512,6 +522,7 @@ class _Counters:
         self._max = max_timestamps
         self._max_records = max_records
         self.storms: list[tuple[float, float, float]] = []  # flow-control config, survives reset()
+        self.outages: list[tuple[float, float]] = []  # (start, end) monotonic; survives reset()
         self.reset()
 
     def reset(self) -> None:
@@ -634,7 +645,19 @@ class JudgeServer:
         cfg = self.config
         if cfg.storm_start_s is not None:
             self.start_storm(cfg.storm_duration_s, cfg.storm_retry_after_s, delay_s=cfg.storm_start_s)
+        if cfg.outage_start_s is not None:
+            self.start_outage(cfg.outage_duration_s, delay_s=cfg.outage_start_s)
         return self
+
+    def start_outage(self, duration_s: float, delay_s: float = 0.0) -> tuple[float, float]:
+        """From ``delay_s`` seconds from now, for ``duration_s`` seconds, answer every request 500 at
+        once (the judge is down). Returns the window (monotonic start, end)."""
+        if not (math.isfinite(duration_s) and duration_s > 0 and math.isfinite(delay_s) and delay_s >= 0):
+            raise ValueError(f"bad outage: duration_s={duration_s!r} delay_s={delay_s!r}")
+        start = time.monotonic() + delay_s
+        with self._counters.lock:
+            self._counters.outages.append((start, start + duration_s))
+        return start, start + duration_s
 
     def start_storm(self, duration_s: float, retry_after_s: float | None = None, delay_s: float = 0.0) -> tuple[float, float]:
         """From ``delay_s`` seconds from now, for ``duration_s`` seconds, answer every request 429 with
@@ -777,6 +800,8 @@ class JudgeServer:
         # *accepted* request always gets the same fault, however the limiter's timing falls.
         # A storm covers the requests that *arrived* in it (the record's time), not those whose
         # body happened to be read in it.
+        if any(start <= arrived < end for start, end in self._counters.outages):
+            return "outage", 0.0, None
         storm = storm_retry_after(self._counters.storms, arrived)
         if storm is not None:
             return "storm", retry_after_header(storm, cfg.retry_after_whole_seconds), None
@@ -875,6 +900,8 @@ class JudgeServer:
                 return _error(429, "Rate limit reached", "requests", "rate_limit_exceeded", delay)
             if outcome == "storm":
                 return _error(429, "Rate limit reached (storm)", "requests", "rate_limit_exceeded", delay)
+            if outcome == "outage":
+                return _error(500, "The judge is down (outage)", "server_error", None)
             if delay > 0:
                 await asyncio.sleep(delay)  # hang: hang_seconds; cancelled by client disconnect or close()
 
@@ -924,11 +951,34 @@ def _parse_latency(text: str) -> float | tuple[float, float]:
 def _parse_storm(text: str) -> tuple[float, float]:
     start, sep, duration = text.partition(":")
     if not sep:
-        raise argparse.ArgumentTypeError(f"--storm needs START:DURATION seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"needs START:DURATION seconds, got {text!r}")
     return float(start), float(duration)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(argv)
+
+    # SIGTERM (a benchmark script killing us) should also print the counters. SIGINT is installed
+    # explicitly because a shell's background job inherits SIGINT=ignored, and Ctrl-C must work.
+    def _interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    with JudgeServer(cfg) as server:
+        print(server.base_url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        print(json.dumps(server.stats().to_dict()), flush=True)
+    return 0
+
+
+def parse_config(argv: Sequence[str] | None = None) -> JudgeServerConfig:
+    """The server's configuration from its command line (tests start the servers a guide's example
+    names in process, from the same arguments)."""
     p = argparse.ArgumentParser(prog="python -m verl_async_rm_rig.judge_server", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="loopback only")
     p.add_argument("--port", type=int, default=0, help="0 = ephemeral")
@@ -951,6 +1001,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--retry-after-whole-seconds", action="store_true", help="round every Retry-After up to whole seconds")
     p.add_argument("--storm", type=_parse_storm, default=None, metavar="START:DURATION",
                    help="429 storm: every request refused from START to START+DURATION seconds after start")
+    p.add_argument("--outage", type=_parse_storm, default=None, metavar="START:DURATION",
+                   help="answer every request 500 at once for DURATION seconds from START seconds after start (the judge is down)")
     p.add_argument("--storm-retry-after", type=float, default=1.0, help="Retry-After seconds during a storm")
     p.add_argument("--error-body-bytes", type=int, default=0, help="body size of injected 500s (0 = small)")
     p.add_argument("--seed", type=int, default=0)
@@ -980,29 +1032,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             storm_start_s=a.storm[0] if a.storm else None,
             storm_duration_s=a.storm[1] if a.storm else 0.0,
             storm_retry_after_s=a.storm_retry_after,
+            outage_start_s=a.outage[0] if a.outage else None,
+            outage_duration_s=a.outage[1] if a.outage else 0.0,
             error_body_bytes=a.error_body_bytes,
             seed=a.seed,
             judge=JUDGES[a.judge],
         )
     except ValueError as e:
         p.error(str(e))
-
-    # SIGTERM (a benchmark script killing us) should also print the counters. SIGINT is installed
-    # explicitly because a shell's background job inherits SIGINT=ignored, and Ctrl-C must work.
-    def _interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    with JudgeServer(cfg) as server:
-        print(server.base_url, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-        print(json.dumps(server.stats().to_dict()), flush=True)
-    return 0
+    return cfg
 
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ class ScoringEngine:
         # Judge operations: cost and budget (cost.py), the verdict log and resume (verdict_log.py). A
         # budget nothing can estimate is refused here, before any worker starts (engine/spend.py).
         spend = Spending(config, budget_estimator(reward, token_estimator, config))
-        if reward.is_group_judge:
+        if config.judges:
+            calls = None  # each judge has its own (engine/fallback.py)
+        elif reward.is_group_judge:
             calls = group_executor(reward, config.sync_workers, loop)
         else:
             calls = executor_for(reward, config.executor, config.sync_workers, loop)
@@ -125,7 +127,30 @@ class ScoringEngine:
         # Tickets and the stream's groups, numbered as they open: the ranked admission order serves
         # the older first (the step the trainer blocks on next).
         self.openings = itertools.count()
-        self.pipeline = RequestPipeline(
+        self.chain = None
+        if config.judges:  # an ordered judge list: a pipeline per judge behind a router (engine/fallback.py)
+            from verl_async_rm.engine.fallback import JudgeChain
+
+            self.chain = self.pipeline = JudgeChain(self, reward, config, token_estimate, token_estimator)
+            self.flow = self.chain.flow  # the first judge's (effective_cap, the flow figures)
+            if self.verdicts is not None:
+                self.chain.answer_early = functools.partial(self.verdicts.answer_from_log, settle=self.settle)
+                self.verdicts.judge_names = [judge.name for judge in config.judges]
+                self.verdicts.judge_prices = [judge.spend.ledger.prices for judge in self.chain.judges]
+        else:
+            self.pipeline = self._one_pipeline(config, calls, meters, spend)
+        if self.shared is not None:
+            self.shared.bind(self.pipeline)
+        self.resolution = GroupResolution(reward, self.policy, config.hook_timeout, loop, self.metrics, self._hook_failed)
+        self.book = TicketBook(self)
+        self.tickets = self.book.runs  # open tickets, by id
+        self.stream = SampleStream(self)
+        self.closed: BaseException | None = None
+
+    def _one_pipeline(self, config: AgentConfig, calls, meters: list, spend: Spending) -> RequestPipeline:
+        """The request pipeline without a judge list: one judge, the reward as given."""
+        loop = self.loop
+        return RequestPipeline(
             loop=loop,
             calls=calls,
             max_concurrency=config.max_concurrency,
@@ -143,13 +168,6 @@ class ScoringEngine:
             answer_early=functools.partial(self.verdicts.answer_from_log, settle=self.settle) if self.verdicts else None,
             queue=RankedQueue(loop.time, config.max_passover_s) if config.admission_order == "deadline" else None,
         )
-        if self.shared is not None:
-            self.shared.bind(self.pipeline)
-        self.resolution = GroupResolution(reward, self.policy, config.hook_timeout, loop, self.metrics, self._hook_failed)
-        self.book = TicketBook(self)
-        self.tickets = self.book.runs  # open tickets, by id
-        self.stream = SampleStream(self)
-        self.closed: BaseException | None = None
 
     # -- tickets (tickets.py) -------------------------------------------------------------------------
     def submit(self, items: list[RewardItem], group_size: int | Mapping[Hashable, int], *, validation: bool = False,
@@ -287,9 +305,10 @@ class ScoringEngine:
             stream=self.stream.statistics(),
             stopped=None if self.stopped is None else f"{type(self.stopped).__name__}: {self.stopped}",
             flow=self.flow.statistics(self.loop.time()),
-            cost=self.spend.ledger.statistics(),
+            cost=self.spend.ledger.statistics() if self.chain is None else self.chain.cost(),
             verdict_log=self.judge.statistics(),
             shared=self.shared.statistics() if self.shared is not None else None,
+            judges=self.chain.judge_metrics() if self.chain is not None else None,
         )
 
     def snapshot(self) -> dict:

@@ -73,13 +73,13 @@ class JudgeOps:
         if self.budget_error is not None:
             raise BudgetExceeded(str(self.budget_error))
 
-    def budget_spent(self, sample) -> None:
+    def budget_spent(self, sample, spend: Spending | None = None) -> None:
         """The next request could cross the budget and nothing in flight can free room: stop. Every
         unsettled sample (queued or waiting to retry: nothing is in flight) is refused as a ``budget``
         failure (counted, logged) and every ticket and stream member fails with ``BudgetExceeded``,
         so no refused sample is ever scored by the failure policy."""
         engine = self.engine
-        message = self.spend.stop_message(sample)
+        message = (spend or self.spend).stop_message(sample)  # ``spend``: the last judge's of a judge list
         self.budget_error = BudgetExceeded(message)
         refused = engine.unsettled_samples()
         now, metrics = self.loop.time(), engine.metrics

@@ -68,9 +68,10 @@ class Sample:
     sample in error messages (``owner.describe(item)``, only called on error)."""
 
     # ``ranked_as`` and ``queue_entry`` belong to the ranked admission queue (engine/admission_order.py)
-    # and are never stored under FIFO: they stay unset, at no cost per sample.
+    # and are never stored under FIFO: they stay unset, at no cost per sample. ``judge`` (the index of
+    # the judge whose pipeline holds it) belongs to a judge list (engine/fallback.py), unset without one.
     __slots__ = ("item", "owner", "state", "settled", "attempts", "throttles", "attempt", "timer", "cache_key",
-                 "group_call", "reservation", "log_key", "tokens", "input_estimate", "ranked_as", "queue_entry")
+                 "group_call", "reservation", "log_key", "tokens", "input_estimate", "ranked_as", "queue_entry", "judge")
 
     def __init__(self, item: RewardItem, owner: Any):
         self.item = item
@@ -154,6 +155,8 @@ class RequestPipeline:
         spend: Spending | None = None,
         answer_early: Callable[[list[Sample]], list[Sample]] | None = None,
         queue: Any = None,
+        on_throttled_out: Callable[[Sample, str], None] | None = None,
+        on_attempt_error: Callable[[Sample, str, BaseException], None] | None = None,
     ):
         """Admission asks the concurrency cap (``max_concurrency``: slots held until a call really
         ends) and the flow control (its answers come from here) first, then ``meters``, in order.
@@ -176,6 +179,10 @@ class RequestPipeline:
         self.on_systemic_failure = on_systemic_failure
         self.max_hung_calls = max_hung_calls
         self.max_throttled_s = max_throttled_s
+        # A judge of a fallback list (engine/fallback.py) throttled past max_throttled_s is down, not
+        # a loud failure: the sample whose throttle said so is handed over instead.
+        self.on_throttled_out = on_throttled_out
+        self.on_attempt_error = on_attempt_error  # (sample, kind, error) of each failed attempt, not a throttle
         self.cache = cache
         # Hooks of judge operations (cost.py, verdict_log.py): usage per attempt, and the budget's
         # reservation released with it (the budget is a meter too); samples answered from the
@@ -560,17 +567,24 @@ class RequestPipeline:
         if info.throttled and self.flow.settings.enabled:
             self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at, throttled=True, retry_after=info.retry_after)
             if self.max_throttled_s is not None and self.flow.throttled_for(now) > self.max_throttled_s:
-                self.on_systemic_failure(
+                message = (
                     f"every answer for {self.flow.throttled_for(now):.0f}s was a throttle ({info.kind}; "
                     f"max_throttled_s={self.max_throttled_s}): the service is refusing this agent (quota "
                     f"used up? wrong tier?). Last: {type(error).__name__}: {error}"
                 )
+                if self.on_throttled_out is not None:
+                    sample.state = DONE  # handed over: the fallback moves it on
+                    self.on_throttled_out(sample, message)
+                else:
+                    self.on_systemic_failure(message)
                 return
             sample.state = QUEUED
             # flow control, not failure: first in line once the pause ends (ranked: at its own rank)
             self.queue.appendleft(sample)
             return
         self.flow.on_answer(now, attempt.epoch, sent_at=attempt.sent_at)
+        if self.on_attempt_error is not None:  # a judge list's breaker counts attempts (engine/fallback.py)
+            self.on_attempt_error(sample, info.kind, error)
         sample.attempts += 1
         delay = self.retry.next_delay(sample.attempts, info.retry_after) if info.retryable else None
         if delay is None:

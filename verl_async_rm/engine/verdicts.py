@@ -61,6 +61,8 @@ class VerdictBook:
         self.inputs_kept: set[int] | None = logged_input_requests(inputs) if inputs is not None else None
         self.writer = VerdictWriter(config.verdict_log, config.verdict_log_fsync_s, header=header, inputs=inputs)
         self.resumed = 0
+        self.judge_names: list[str] | None = None  # a judge list's names: each record says whose verdict it is
+        self.judge_prices: list[Prices] | None = None  # and each judge's prices (its own, else the agent's)
 
     def request(self, sample) -> str:
         """The sample's request key; a group judge's members get theirs within their group."""
@@ -134,7 +136,8 @@ class VerdictBook:
         else:
             tokens_in = tokens_out = None
             record = {"score": None, "extra": {}, "verdict": None, "failure": outcome.kind, "error": outcome.message}
-        cost = None if tokens_in is None else self.prices.approx_cost(tokens_in, tokens_out or 0)
+        prices = self.prices if self.judge_prices is None else self.judge_prices[getattr(sample, "judge", 0)]
+        cost = None if tokens_in is None else prices.approx_cost(tokens_in, tokens_out or 0)
         request = self.request(sample)
         record.update({
             "v": VERSION, "key": verdict_key(self.reward_id, request), "reward": self.reward_id, "request": request,
@@ -146,6 +149,8 @@ class VerdictBook:
         })
         if stage is not None:
             record["stage"] = stage
+        if self.judge_names is not None:
+            record["judge"] = self.judge_names[getattr(sample, "judge", 0)]
         self.writer.append(record)
 
     def _keep_input(self, sample) -> None:
