@@ -29,14 +29,24 @@ def check(figures: dict) -> None:
     assert figures["max_requests_in_10s"] <= rate_bound(rpm, 10.02)
     server, agent = figures["faults_injected"], figures["agent_attempt_errors"]
     assert server.get("rate_limited", 0) > 0, "the server's token bucket never refused: the suite would prove nothing"
-    throttles = server.get("rate_limited", 0) + server.get("429", 0)
-    assert agent.get("http_429", 0) == throttles == figures["throttled"], (server, agent)
-    for server_kind, agent_kind in [("429", "http_429"), ("500", "http_500"), ("hang", "timeout"), ("malformed", "malformed")]:
+    for server_kind in ["429", "500", "hang", "malformed"]:
         assert server.get(server_kind, 0) > 0, f"no {server_kind} injected: the suite would prove nothing"
-    for server_kind, agent_kind in [("500", "http_500"), ("hang", "timeout"), ("malformed", "malformed")]:
-        assert agent.get(agent_kind, 0) == server[server_kind], (server_kind, server, agent)
     assert set(agent) == {"http_429", "http_500", "timeout", "malformed"}
-    assert figures["server_ok"] == figures["agent_completed"]
+    assert agent["http_429"] == figures["throttled"], (agent, figures["throttled"])
+    # Each answer the server sent is counted as its own kind at the client, but an answer sent after
+    # the client's request_timeout had passed (a loaded machine delays it) is, rightly, a timeout
+    # there. So each answered kind is at most the server's count, and the timeouts beyond the hangs
+    # are exactly the answers the client did not count: an answer counted as another answered kind,
+    # lost, or counted twice still fails.
+    answered = {  # server's count, the client's
+        "ok": (figures["server_ok"], figures["agent_completed"]),
+        "429": (server.get("rate_limited", 0) + server.get("429", 0), agent["http_429"]),
+        "500": (server["500"], agent["http_500"]),
+        "malformed": (server["malformed"], agent["malformed"]),
+    }
+    for kind, (sent, counted) in answered.items():
+        assert counted <= sent, (kind, server, agent)
+    assert agent["timeout"] - server["hang"] == sum(sent - counted for sent, counted in answered.values()), (server, agent)
     assert figures["agent_completed"] + figures["failed_samples_flagged"] == samples
     # 429s are flow control: they are not retries and use up no attempt
     assert figures["retries"] == sum(agent.values()) - agent["http_429"] - figures["failed_samples_flagged"]
