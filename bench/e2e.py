@@ -1293,7 +1293,7 @@ def setup_text(report: dict) -> str:
         text += (f" Zero-latency bounds start up and train in the group of the runs they bound; loop time runs from the "
                  f"start gate; decode {report.get('decode_s_per_token') or 0:g} s per token{judged}.")
     if report.get("admission"):
-        text += (" Issue 46: each contestant with the agent's admission_order fifo (the default) and its deadline twin "
+        text += (" Admission A/B: each contestant with the agent's admission_order fifo (the default) and its deadline twin "
                  "(the same command plus reward.async_agent.admission_order=deadline), paired within a seed and start-up group; blocked time: "
                  "the reward wait the trainer timed beyond its same-mode bound's.")
     for note in report.get("notes", []):

@@ -108,7 +108,7 @@ def page() -> str:
         parts.append(_section("Against verl's own asynchronous trainer", ANCHOR.name, anchor,
                               e2e_markdown(e2e_report(ANCHOR))))
     if ADMISSION.exists():
-        parts.append(_section("Admission order: first in, first out against deadline-aware (issue 46)", ADMISSION.name,
+        parts.append(_section("Admission order: first in, first out against deadline-aware", ADMISSION.name,
                               _load(ADMISSION.name), e2e_markdown(e2e_report(ADMISSION))))
     everything = tables()
     demo = _load("demo/demo.json")

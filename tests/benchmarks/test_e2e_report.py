@@ -1229,4 +1229,4 @@ def test_main_runs_the_admission_ab_and_judges_its_goals_from_the_runs_it_made(t
     assert [(g["regime"], g["mode"], g["variant"], g["pass"]) for g in met] == [
         ("judge_real", DEADLINE_CO, False, True), ("judge_real", "tail_auto_deadline", True, True),
         ("tail_1x", DEADLINE_CO, False, True), ("tail_1x", "tail_auto_deadline", True, True)]
-    assert "Issue 46" in report["setup"] and "issue 43's goals judge" not in report["setup"]
+    assert "Admission A/B" in report["setup"] and "issue 43's goals judge" not in report["setup"]
