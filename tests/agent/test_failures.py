@@ -131,7 +131,9 @@ def test_deadline_settles_pending_samples_by_the_policy():
         start = time.perf_counter()
         chunk = agent.get_all(agent.submit(one(8, 4), 4), timeout=10)
         elapsed = time.perf_counter() - start
-    assert 0.4 < elapsed < 1.5
+    # Not before the 0.5 s deadline (a loaded machine only delays), and settled by it, not by the retries
+    # (10 attempts x 0.4 s request_timeout: 4 s or more); 3.5 s leaves a neighbour-loaded machine room.
+    assert 0.4 < elapsed < 3.5
     assert chunk.extra_info["reward_failed"] == [0, 1, 0, 0, 0, 1, 0, 0]
     assert chunk.extra_info["reward_failure"][1] == "deadline" and "deadline" in chunk.extra_info["reward_error"][1]
     assert chunk.scores[1] == pytest.approx((0 + 2 + 3) / 3)  # neutral: the group mean of successes

@@ -110,8 +110,13 @@ def test_a_call_given_up_before_it_starts_is_skipped_and_still_reported():
 
 
 def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
-    """256 microsecond calls never block: a handful of threads. 64 calls that block (a sleep, as
-    I/O would) get a thread each within a few grow intervals, up to the bound."""
+    """256 microsecond calls never block: a handful of threads. 64 calls that block (a wait, as
+    I/O would) get a thread each, up to the bound, while none of them has returned."""
+    all_in = threading.Barrier(64)
+
+    def blocks(_):
+        all_in.wait(timeout=10)  # returns once all 64 calls are inside their call at once
+        return "in"
 
     async def go(bridge, ends):
         for i in range(256):
@@ -120,14 +125,20 @@ def test_fast_calls_stay_on_few_threads_blocking_calls_get_one_each():
         fast_threads = bridge.threads
         started = time.monotonic()
         for i in range(64):
-            bridge.run(time.sleep, 0.3, Token(1000 + i))
-        await until(lambda: len(ends) == 256 + 64)
-        return fast_threads, bridge.threads, time.monotonic() - started
+            bridge.run(blocks, None, Token(1000 + i))
+        await until(lambda: len(ends) == 256 + 64, timeout=30)
+        return fast_threads, bridge.threads, ends[256:], time.monotonic() - started
 
-    fast_threads, blocking_threads, took = bridged(go, workers=64)
+    fast_threads, blocking_threads, blocking_ends, took = bridged(go, workers=64)
     assert fast_threads <= 4
-    # concurrently: one after another would take 64 x 0.3 s = 19.2 s; the bound leaves room for a busy machine
-    assert blocking_threads == 64 and took < 0.3 * 8
+    # No wall-clock bound (a loaded machine only delays the growth): each call blocks until all 64 are in
+    # their calls at once, so fewer than 64 threads, or a pool that grows only as calls return, leaves the
+    # barrier short: every call ends with BrokenBarrierError after 10 s, not ok.
+    assert blocking_threads == 64
+    assert [(ok, value) for _, ok, value in blocking_ends] == [(True, "in")] * 64
+    # The timer doubles the pool every GROW_AFTER_S (2 ms): 64 threads in 7 doublings, milliseconds. 5 s
+    # leaves a loaded machine room and still fails a pool that doubles only every 0.7 s or more.
+    assert took < 5
 
 
 def test_a_hung_thread_is_replaced_when_capacity_is_added_and_threads_stop_at_shutdown():

@@ -9,8 +9,9 @@ loopback judge.
   ``reward_model.reward_manager=async_agent`` and the legacy top-level ``custom_reward_function``
   block (the probe reward, its kwargs), while ``reward.custom_reward_function`` names the toy reward
   (so a probe call proves the legacy block was moved, and won);
-- ``colocate_async`` (3 steps, verl's 2 s-poll sampler): verl evicts a group with a failed session
-  and replaces it with a fresh prompt; the current spelling (``reward.reward_manager.name``);
+- ``colocate_async`` (2 steps, verl's 2 s-poll sampler): verl evicts a group with a failed session
+  and replaces it with a fresh prompt (from step 1 on: every even prompt loses a session); the current
+  spelling (``reward.reward_manager.name``);
 - ``off_policy`` (3 steps): this package's entry point (``python -m verl_async_rm.main_ppo``) with the
   recipe's ``off_policy_steps=1`` alone, which runs as verl's ``colocate_async`` with the agent: it
   must train as the stock ``colocate_async`` run does (every test of the module runs on it);
@@ -35,7 +36,7 @@ from tests.helpers.rollout_dump import dump_rows
 from tests.helpers.trainer_queue import QueuedRun, run_queue
 
 CAP, RPM, N, PROMPTS = 2, 600, 4, 8
-RUNS = {"sync": 2, "colocate_async": 3, "off_policy": 3}  # mode -> steps
+RUNS = {"sync": 2, "colocate_async": 2, "off_policy": 3}  # mode -> steps
 # off_policy: this package's entry point with the recipe's flag alone, which runs as verl's colocate_async
 # with the agent (strategies/plan.py, off_policy_on_verl): it must train as the stock colocate_async run does
 OFF_POLICY = "off_policy"

@@ -47,13 +47,14 @@ def test_a_named_actor_with_another_reward_or_settings_is_refused(ray_session):
 
 def test_waiting_get_does_not_block_the_actor(ray_session):
     ray = ray_session
-    spec = RewardSpec(str(REWARDS / "slow.py"), "compute_score", {"delay": 1.0})
+    spec = RewardSpec(str(REWARDS / "slow.py"), "compute_score", {"delay": 3.0})
     actor = get_or_create_agent_actor(spec, name="agent-nonblocking")
     slow = ray.get(actor.submit.remote([{"solution_str": "x"}], 1))
     pending = actor.get.remote(slow)
     start = time.perf_counter()
     assert ray.get(actor.metrics.remote())["submitted"] == 1  # answered while get() waits
-    assert time.perf_counter() - start < 0.8
+    # A blocked actor answers only once the 3 s call ends; 2 s leaves a loaded machine's Ray room
+    assert time.perf_counter() - start < 2.0
     assert ray.get(pending).scores == [1.0]
     # cancel through the actor: a waiting get fails with TicketCancelled, not a hang
     doomed = ray.get(actor.submit.remote([{"solution_str": "x"}] * 3, 1))
@@ -93,7 +94,8 @@ def test_per_sample_calls_never_exhaust_the_actor(ray_session):
         return metrics, answered_in, results
 
     metrics, answered_in, results = asyncio.run(scenario())
-    assert metrics["submitted"] == groups and metrics["open_groups"] == groups and answered_in < 5
+    # an exhausted actor never answers (the groups close only after it): 15 s is room for a loaded machine
+    assert metrics["submitted"] == groups and metrics["open_groups"] == groups and answered_in < 15
     assert [score for score, _ in results] == [1.0] * groups + [0.0] * groups
     ray.kill(actor)
 
