@@ -2,7 +2,7 @@
 (``python -m verl.trainer.main_ppo``, on the CPU backend; issue 43 item 2, issue 45 item 16), shared
 by tests/seam/test_verl_async_modes.py and tests/seam/test_legacy_training.py (one session fixture,
 ``verl_modes_runs``, in tests/seam/conftest.py): four runs, two at a time, each with its own
-loopback judge.
+loopback judge, and a fifth in the same queue, the group judge's training run.
 
 - ``sync`` (2 steps, validation first): verl trains a group without its failed session. Spelled the
   legacy way (issue 44 item 5: one run proves both): verl's legacy selector
@@ -16,7 +16,12 @@ loopback judge.
   recipe's ``off_policy_steps=1`` alone, which runs as verl's ``colocate_async`` with the agent: it
   must train as the stock ``colocate_async`` run does (every test of the module runs on it);
 - ``budget`` (``colocate_async``, at most 4 steps): a token budget spent mid-run; started once one
-  of the other two has ended.
+  of the other two has ended;
+- ``group_judge`` (v0, 4 steps, this package's entry point with the mini-batch pipeline and one step
+  off-policy): the example ``GroupJudgeReward`` through the real ``openai`` client, one chat call per
+  GRPO group, against a loopback judge that ranks the toy task's candidates
+  (tests/seam/test_group_judge_training.py; in this queue so that it trains beside another run, not
+  alone).
 
 Half the prompts lose one of their four sessions (``tests/helpers/session_probe.py``), about one
 reward in ten raises (``neutral``: the group's mean), and every reward asks the loopback judge first
@@ -43,6 +48,7 @@ OFF_POLICY = "off_policy"
 BUDGET_STEPS, BUDGET_TOKENS = 4, 4000
 WAIT = 3600  # s: a group closed by its timer would outlast the run's timeout
 LEGACY = "sync"  # the run spelled the legacy way
+GROUP_JUDGE, GROUP_JUDGE_STEPS, GROUP_JUDGE_PROMPTS = "group_judge", 4, 8
 
 
 def hydra_value(value) -> str:
@@ -95,6 +101,33 @@ def budget_config(out: Path, assets, loops: str, data: str, base_url: str):
     return cfg
 
 
+def toy_ranking_judge(messages: list[dict]) -> str:
+    """The loopback judge of the group-judge run: the toy task's score of every candidate, in order (the
+    candidate block adds one newline each side)."""
+    from verl_async_rm_rig.cpu_backend.toy_task import score_text
+    from verl_async_rm_rig.judge_server import group_prompt
+
+    reference, candidates = group_prompt(messages)
+    return " ".join(repr(score_text(c[1:-1], reference.strip())) for c in candidates)
+
+
+def group_judge_config(out: Path, assets, base_url: str):
+    """v0 with the strategies on (mini-batch pipeline, one step off-policy), the example group judge."""
+    from verl_async_rm_rig.cpu_backend.launch import CPURunConfig
+
+    return CPURunConfig(
+        out_dir=str(out), trainer="v0", steps=GROUP_JUDGE_STEPS, entry_module="verl_async_rm.main_ppo",
+        model_dir=assets.model_dir, train_file=assets.train_file, val_file=assets.val_file,
+        reward_manager="async_agent", val_before_train=False,
+        reward_path="pkg://verl_async_rm.user_rewards.group_judge", reward_name="GroupJudgeReward",
+        reward_kwargs={"base_url": base_url, "model": "judge-stub"}, timeout_s=600,
+        extra_overrides=["mini_batch_pipeline=true", "off_policy_steps=1",
+                         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 4 mini-batches per step
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                         f"trainer.rollout_data_dir={out / 'rollouts'}"],
+    )
+
+
 def run_all(tmp_path_factory) -> dict:
     """Every run, two at a time, each with its own judge: name -> (out_dir, RunResult, the judge's stats)."""
     from verl_async_rm_rig.cpu_backend.launch import CPURunConfig, prepare_assets, start
@@ -104,8 +137,9 @@ def run_all(tmp_path_factory) -> dict:
     data_dir = Path(assets.out_dir) / "data"
     loops = session_probe.write_config(str(data_dir / "loops.yaml"))
     data = session_probe.write_dataset(assets.train_file, str(data_dir / "probe.parquet"))
-    names = [*RUNS, "budget"]
-    judges = {"budget": JudgeServerConfig(latency=(0.05, 0.15))}
+    names = [*RUNS, "budget", GROUP_JUDGE]
+    judges = {"budget": JudgeServerConfig(latency=(0.05, 0.15)),
+              GROUP_JUDGE: JudgeServerConfig(judge=toy_ranking_judge, latency=(0.01, 0.05), rate_500=0.05)}
     servers = {name: JudgeServer(judges.get(name) or JudgeServerConfig(latency=(0.05, 0.15), rate_500=0.05, seed=i)).start()
                for i, name in enumerate(names)}
     outs = {name: tmp_path_factory.mktemp(name) for name in names}
@@ -113,6 +147,8 @@ def run_all(tmp_path_factory) -> dict:
     def config(name):
         if name == "budget":
             return budget_config(outs[name], assets, loops, data, servers[name].base_url)
+        if name == GROUP_JUDGE:
+            return group_judge_config(outs[name], assets, servers[name].base_url)
         return run_config(outs[name], assets, loops, data, servers[name].base_url, name, legacy=name == LEGACY)
 
     try:

@@ -148,7 +148,7 @@ MASKED_RUNS = [r for r in RUNS if set(MASK) <= set(RUNS[r]["flags"])]
 # for the baselines, ours for the strategies) in a host actor, with the ray.init, environment and
 # runner class verl's driver would give it (tests/rig/test_light_driver.py), without importing verl in
 # the driver process: ~6 CPU-s less a run, 19 runs on 2 cores. Our entry point's usual driver trains
-# with the strategies in tests/strategies/test_group_judge_training.py and bench/e2e.py --quick
+# with the strategies in tests/seam/test_group_judge_training.py and bench/e2e.py --quick
 # (tests/benchmarks/test_e2e_report.py); verl's own entry point in tests/seam and tests/rig.
 LIGHT_DRIVER = True
 # The checkpoints of a run (by trainer, unless the run has its own): save_freq's multiples and the last step
