@@ -132,14 +132,16 @@ def rows_for(steps: int, groups: int, size: int) -> list[dict]:
 class Past:
     """A past run: its input, its verdict log (the exact reward, one ticket per step), a new reward."""
 
-    def __init__(self, folder: Path, steps: int = 3, groups: int = 4, size: int = 4):
+    def __init__(self, folder: Path, steps: int = 3, groups: int = 4, size: int = 4, keep_inputs: bool = False):
+        """``keep_inputs``: the run keeps what it judged beside its log (``verdict_log_inputs``)."""
         self.dir = folder
         self.rows = rows_for(steps, groups, size)
         self.input = folder / "in.jsonl"
         self.input.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         self.log = folder / "old.verdicts.jsonl"
         (folder / "exact.py").write_text(EXACT)
-        with RewardAgent.from_file(str(folder / "exact.py"), "compute_score", {"verdict_log": str(self.log)}) as agent:
+        settings = {"verdict_log": str(self.log), "verdict_log_inputs": keep_inputs}
+        with RewardAgent.from_file(str(folder / "exact.py"), "compute_score", settings) as agent:
             per_step = groups * size
             for step in range(steps):
                 agent.get_all(agent.submit(self.rows[step * per_step:(step + 1) * per_step], size))

@@ -20,7 +20,6 @@ from omegaconf import OmegaConf
 
 from tests.judge_ops.test_replay import Past
 from tests.seam.test_seam_prepare import ours, verls
-from verl_async_rm.agent import RewardAgent
 from verl_async_rm.config import AgentConfig
 from verl_async_rm.drift import DriftMonitor, drift_settings_from_mapping
 from verl_async_rm.loader import RewardSpec
@@ -30,13 +29,7 @@ pytestmark = pytest.mark.local
 
 @pytest.fixture
 def past(tmp_path) -> Past:
-    past = Past(tmp_path)
-    past.log.unlink()
-    with RewardAgent.from_file(str(tmp_path / "exact.py"), "compute_score",
-                               {"verdict_log": str(past.log), "verdict_log_inputs": True}) as agent:
-        for step in range(3):
-            agent.get_all(agent.submit(past.rows[step * 16:(step + 1) * 16], 4))
-    return past
+    return Past(tmp_path, keep_inputs=True)
 
 
 def monitor(past: Past, every: int) -> DriftMonitor:

@@ -65,7 +65,7 @@ from verl_async_rm.engine.meters import rate_meters
 from verl_async_rm.engine.pipeline import DONE, QUEUED, PipelineStatistics, RequestPipeline, Sample
 from verl_async_rm.engine.spend import Spending, budget_estimator
 from verl_async_rm.loader import UserReward, wrap_reward
-from verl_async_rm.outcomes import Failed, Outcome, Scored
+from verl_async_rm.outcomes import Outcome, Scored
 from verl_async_rm.retry import RetryPolicy
 
 if TYPE_CHECKING:
