@@ -45,7 +45,10 @@ if __name__ == "__main__":
     probe = Probe.options(name=server_actor_name(0, 0)).remote()
     first = ray.get(probe.seen.remote())
     # as transfer_queue.interface creates its controller and its clients find it, patched
-    owned = JobNamespacedActorClass(Probe).options(name="TransferQueueController", namespace=TQ_NAMESPACE).remote()  # noqa: F841 (held: an actor whose handles are gone is ended)
+    owned = JobNamespacedActorClass(Probe).options(name="TransferQueueController", namespace=TQ_NAMESPACE).remote()
+    # both actors up before the gate, as verl's trainer has its workers up there: a worker the raylet
+    # spawned after the run was frozen at its gate would not be frozen with it
+    ray.get(owned.seen.remote())
     wait_at_gate(os.environ[GATE_ENV])
     seen = ray.get(probe.seen.remote())
     assert seen["pid"] == first["pid"]
