@@ -295,8 +295,9 @@ def v1_poll_interval(mode: str) -> Optional[float]:
     return V1_POLL_S
 
 
-def run_settings(run: Run, compute_s: float, decode_s: float) -> dict:
-    """Everything that decides what a run measures (its cache key is a digest of this)."""
+def run_settings(run: Run, compute_s: float, decode_s: float, test_freq: int = 0) -> dict:
+    """Everything that decides what a run measures (its cache key is a digest of this). ``test_freq``:
+    verl's validation every that many steps as well (0: before the first step and after the last only)."""
     regime = REGIMES[run.regime]
     manager = REWARD_MANAGER.get(run.mode, "async_agent")
     settings = {"judge": regime.judge(compute_s, run.seed),
@@ -307,6 +308,8 @@ def run_settings(run: Run, compute_s: float, decode_s: float) -> dict:
         settings["reward_manager"] = manager
     if run.trainer == "v1" and v1_poll_interval(run.mode) != V1_POLL_S:
         settings["v1_poll_interval_s"] = v1_poll_interval(run.mode)
+    if test_freq:
+        settings["test_freq"] = test_freq
     return settings
 
 
@@ -424,7 +427,7 @@ def run_config(job: Job, steps: int, start_gate: bool = False):
         out_dir=str(job.run_dir), trainer=job.run.trainer, steps=steps, seed=job.run.seed, entry_module="verl_async_rm.main_ppo",
         model_dir=job.assets.model_dir, train_file=job.assets.train_file, val_file=job.assets.val_file, val_before_train=True,
         **reward, reward_manager=job.settings.get("reward_manager", "async_agent"), timeout_s=1800,
-        v1_poll_interval_s=job.settings.get("v1_poll_interval_s", V1_POLL_S), test_freq=steps,  # + after the last step
+        v1_poll_interval_s=job.settings.get("v1_poll_interval_s", V1_POLL_S), test_freq=job.settings.get("test_freq") or steps,  # + after the last step
         extra_env=env, extra_overrides=[*dumps, *job.settings["overrides"]], **gate,
     )
 
@@ -621,6 +624,9 @@ def record_of(run: Run, settings: dict, outcome: Outcome) -> dict:
         "run_wall_s": outcome.wall_s, "startup_s": outcome.startup_s,
         "blocked_per_step_s": float(np.mean(summary.blocked)) if summary.blocked else None,
         "trainer_wait_key": wait_key, "trainer_wait_s": wait_s,
+        # verl's validation passes inside the loop (--test-freq; the last step's comes after the loop's end):
+        # the trainer waits for each, its generation and its rewards (timing_s/testing)
+        "validation_in_loop_s": float(sum(extra.get("timing_s/testing", [])[:-1])),
         "final_reward": float(np.mean(summary.scores[-FINAL_STEPS:])),
         "first_reward": float(np.mean(summary.scores[:FINAL_STEPS])),
         "val_first": val_first, "val_final": val_final,
@@ -712,7 +718,10 @@ def _wait_and_exposure(at: dict, r: dict, regime: str, mode: str) -> tuple[Optio
     wait = base["loop_time_s"] - stock_bound["loop_time_s"] if base and stock_bound else None
     exposed = None
     if r.get("trainer_wait_s") is not None and own_bound and own_bound.get("trainer_wait_s") is not None:
-        exposed = r["trainer_wait_s"] - own_bound["trainer_wait_s"]
+        # with validation inside the loop (--test-freq), its passes are waited for too: their time beyond
+        # the bound's (the same passes with an instant judge) is their reward wait
+        exposed = (r["trainer_wait_s"] + r.get("validation_in_loop_s", 0.0)
+                   - own_bound["trainer_wait_s"] - own_bound.get("validation_in_loop_s", 0.0))
     share = exposed / wait if exposed is not None and wait and wait > 0 else None
     return wait, exposed, share
 
@@ -1045,6 +1054,7 @@ def admission_table(records: list[dict]) -> list[dict]:
                     judge = [r["judge_server"] for r in cell if r.get("judge_server")]
                     return {"runs": len(cell), "blocked_s": spread([blocked(r) for r in cell]),
                             "loop_time_s": spread([r["loop_time_s"] for r in cell]),
+                            "validation_in_loop_s": spread([r.get("validation_in_loop_s", 0.0) for r in cell]),
                             "judge_throttled": _total([j["throttled"] for j in judge]),
                             "judge_goodput_of_limit": spread([j["goodput_of_limit"] for j in judge]),
                             "trained_failed_zero": _total([r.get("trained_failed_zero") for r in cell])}
@@ -1057,6 +1067,8 @@ def admission_table(records: list[dict]) -> list[dict]:
                     "blocked_vs_fifo": paired_interval([d / f - 1 for d, f in both if f > 0]),
                     "blocked_minus_fifo_s": paired_interval([d - f for d, f in both]),
                     "loop_vs_fifo": paired_interval([d["loop_time_s"] / f["loop_time_s"] - 1 for d, f in pairs]),
+                    "validation_vs_fifo": paired_interval([d["validation_in_loop_s"] / f["validation_in_loop_s"] - 1
+                                                           for d, f in pairs if f.get("validation_in_loop_s")]),
                 })
     return rows
 
@@ -1258,8 +1270,9 @@ def admission_markdown(report: dict) -> list[str]:
     seeds) and the twin's figure over FIFO's, paired within a seed (95% interval)."""
     lines = ["| trainer | regime | judge binds | contestant: FIFO / deadline | blocked s (trainer-timed), FIFO / deadline "
              "| blocked, deadline / FIFO - 1 (paired) | blocked, deadline - FIFO s (paired) | loop time s, FIFO / deadline "
-             "| loop time, deadline / FIFO - 1 (paired) | 429s | judge goodput of its limit | trained on a failed call's 0 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| loop time, deadline / FIFO - 1 (paired) | validation in the loop s, FIFO / deadline | 429s "
+             "| judge goodput of its limit | trained on a failed call's 0 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["admission"]:
         fifo, deadline = row["fifo_figures"], row["deadline_figures"]
 
@@ -1272,7 +1285,8 @@ def admission_markdown(report: dict) -> list[str]:
         lines.append(f"| {row['trainer']} | {_regime_cell(report, row['trainer'], row['regime'])} "
                      f"| {'yes' if row['judge_binds'] else 'no'} | {row['fifo']} / {row['deadline']} | {both('blocked_s')} "
                      f"| {_fmt_interval(row['blocked_vs_fifo'], pct=True)} | {_fmt_interval(row['blocked_minus_fifo_s'])} "
-                     f"| {both('loop_time_s')} | {_fmt_interval(row['loop_vs_fifo'], pct=True)} | {counts('judge_throttled')} "
+                     f"| {both('loop_time_s')} | {_fmt_interval(row['loop_vs_fifo'], pct=True)} "
+                     f"| {both('validation_in_loop_s') if 'validation_in_loop_s' in fifo else '—'} | {counts('judge_throttled')} "
                      f"| {both('judge_goodput_of_limit', True)} | {counts('trained_failed_zero')} |")
     return lines
 
@@ -1425,7 +1439,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--v0-regimes", default="tail_1x,heavy_2.5x", help="v0's regimes (fewer, to fit the time)")
     parser.add_argument("--strategies", default="both,tail_auto", help=f"strategy modes in the timing regimes, of {list(MODES)}")
     parser.add_argument("--failure-modes", default="both_neutral,both_mask", help="modes of the failure regimes")
-    parser.add_argument("--skip", default="", help="regime:mode cells left out of the plan (e.g. to finish a "
+    parser.add_argument("--skip", default="", help="regime:mode cells left out of the plan, with their zero-latency bounds (e.g. to finish a "
                         "partial benchmark's essential cells first; a later --cached-only report still shows them)")
     parser.add_argument("--compute", help="fix C per trainer (e.g. v1=0.8,v0=0.8) instead of a calibration run")
     parser.add_argument("--recalibrate", action="store_true",
@@ -1450,6 +1464,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help=f"issue 46: v1, seeds 0-4, regimes {','.join(ADMISSION_REGIMES)} (the judge binds / does not), "
                              f"each of {', '.join(DEADLINE_TWINS)} with admission_order fifo (the default) and deadline "
                              f"({', '.join(DEADLINE_TWINS.values())}), beside stock; bench/results/e2e_admission.json")
+    parser.add_argument("--test-freq", type=int, default=0,
+                        help="verl's validation every N steps inside the loop as well (trainer.test_freq; 0, the default: "
+                             "before the first step and after the last only); its passes count as waited for")
     parser.add_argument("--recommended", default=RECOMMENDED,
                         help=f"the configuration issue 43's goals judge (default {RECOMMENDED}); the other candidates "
                              f"({', '.join(c for c in CANDIDATES)}) are shown against the same thresholds")
@@ -1477,6 +1494,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"--recommended: a configuration of this package, of {[m for m in MODES if m not in (STOCK, VERL_COLOCATE)]}")
     if args.decode_s < 0:
         parser.error("--decode-s: seconds per token, >= 0")
+    if args.test_freq < 0 or (args.test_freq and args.test_freq >= args.steps):
+        parser.error(f"--test-freq: 0, or a number of steps below --steps ({args.steps})")
 
     trainers = _names(args.trainers)
     if set(trainers) - {"v1", "v0"} or not trainers:
@@ -1510,7 +1529,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     skip = {tuple(cell.split(":", 1)) for cell in _names(args.skip)}
     if any(len(cell) != 2 for cell in skip):
         parser.error(f"--skip: regime:mode pairs, got {args.skip}")
-    cells = {t: [c for c in cs if c[:2] not in skip] for t, cs in cells.items()}
+    # a skipped cell's zero-latency bound (in its regime's group) is skipped with it: it bounds nothing else
+    cells = {t: [c for c in cs if c[:2] not in skip and (c[2], c[1]) not in skip] for t, cs in cells.items()}
     fixed = parse_compute(args.compute)
     calibrate = {t for t in trainers if t not in fixed or args.recalibrate}
     if args.quick and "v1" not in fixed:  # with --compute v1=C the smoke is one run (CI's; calibration has fake-run tests)
@@ -1607,7 +1627,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if run.trainer not in regime_compute and not calibration:
             missing.append(f"{run.trainer}/s{run.seed}/{run.regime}/{run.mode}")  # its calibration failed
             continue
-        settings = run_settings(run, regime_compute.get(run.trainer, 0.0), args.decode_s)
+        settings = run_settings(run, regime_compute.get(run.trainer, 0.0), args.decode_s, args.test_freq)
         key = run_key(run, args.steps, settings, fingerprint)
         cached = cache / f"{key}.json"
         if cached.exists():

@@ -155,10 +155,10 @@ class AsyncRewardAgent:
 
     async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
                              group_wait: float | None = None, *, session: Hashable | None = None,
-                             attempt: Hashable | None = None) -> tuple[float, dict]:
+                             attempt: Hashable | None = None, validation: bool = False) -> tuple[float, dict]:
         _check_group_size(group_size)
         check_uid(uid, "score_in_group")
-        return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait, session, attempt)
+        return await self.engine.score_in_group(as_item(item, 0), uid, group_size, group_wait, session, attempt, validation)
 
     async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
         self.engine.withdraw_from_group(uid, session, attempt)
@@ -312,13 +312,14 @@ class RewardAgent:
 
     async def ascore_in_group(
         self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1, group_wait: float | None = None,
-        *, session: Hashable | None = None, attempt: Hashable | None = None,
+        *, session: Hashable | None = None, attempt: Hashable | None = None, validation: bool = False,
     ) -> tuple[float, dict]:
         """Score one sample as a member of group ``uid`` (expected size ``group_size``); returns its
         ``(score, extra_info)`` once the whole group is resolved (policy, then the group hook). For
         callers that see one sample at a time, such as verl's ``run_single``. A group that stops
         growing for ``group_wait`` seconds is resolved with the members it has. ``session`` and
-        ``attempt``: see ``withdraw``."""
+        ``attempt``: see ``withdraw``. ``validation``: the sample belongs to a validation pass (the
+        trainer waits for it: ``admission_order: deadline`` serves it first)."""
         _check_group_size(group_size)
         check_uid(uid, "score_in_group")
         item = as_item(item, 0)
@@ -332,7 +333,7 @@ class RewardAgent:
 
             caller_loop.call_soon_threadsafe(settle)
 
-        self._call(self._engine.join_group, item, uid, group_size, group_wait, deliver, session, attempt)
+        self._call(self._engine.join_group, item, uid, group_size, group_wait, deliver, session, attempt, validation)
         return await answer
 
     score_in_group = ascore_in_group  # the client protocol's name

@@ -40,9 +40,10 @@ class RewardClient(Protocol):
 
     async def score_in_group(self, item: RewardItem | Mapping, uid: Hashable | None = None, group_size: int = 1,
                              group_wait: float | None = None, *, session: Hashable | None = None,
-                             attempt: Hashable | None = None) -> tuple[float, dict]:
+                             attempt: Hashable | None = None, validation: bool = False) -> tuple[float, dict]:
         """One sample, answered once its whole group is resolved (``session``: which rollout of the
-        group it is; ``attempt``: which dispatch of the prompt, a group of its own)."""
+        group it is; ``attempt``: which dispatch of the prompt, a group of its own; ``validation``:
+        it belongs to a validation pass, which ``admission_order: deadline`` serves first)."""
 
     async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
         """Session ``session`` of group ``uid`` will send no sample (its rollout failed): the group

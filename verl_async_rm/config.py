@@ -103,7 +103,7 @@ class AgentConfig(BaseModel):
     )
     admission_order: Literal["fifo", "deadline"] = Field(
         "fifo", description="which queued request starts first when the judge's throughput binds: 'fifo', or "
-        "'deadline': what the trainer needs first (training before validation, the older ticket, the caller's rank, "
+        "'deadline': what the trainer needs first (validation, which the trainer waits for, before training; the older ticket, the caller's rank, "
         "the group closest to completion; engine/admission_order.py)"
     )
     max_passover_s: float = Field(

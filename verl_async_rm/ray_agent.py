@@ -117,13 +117,14 @@ class RewardAgentActor:
         return self._ensure().config.model_dump()
 
     async def join_group(self, subscriber: str, member: int, item: dict, uid: Hashable | None, group_size: int,
-                         group_wait: float | None, session: Hashable | None = None, attempt: Hashable | None = None) -> None:
+                         group_wait: float | None, session: Hashable | None = None, attempt: Hashable | None = None,
+                         validation: bool = False) -> None:
         """Register one sample of group ``uid``; its answer goes to ``subscriber``'s outbox."""
         agent = self._ensure()
         outbox = self._outboxes.setdefault(subscriber, _Outbox())
         _check_group_size(group_size)
         agent.engine.join_group(as_item(item, 0), uid, group_size, group_wait, lambda value: outbox.put(member, value),
-                                session, attempt)
+                                session, attempt, validation)
 
     async def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
         await self._ensure().withdraw(uid, session, attempt)
@@ -200,12 +201,13 @@ class RayRewardClient:
 
     async def score_in_group(self, item: dict, uid: Hashable | None = None, group_size: int = 1,
                              group_wait: float | None = None, *, session: Hashable | None = None,
-                             attempt: Hashable | None = None) -> tuple[float, dict]:
+                             attempt: Hashable | None = None, validation: bool = False) -> tuple[float, dict]:
         member = next(self._members)
         answer = asyncio.get_running_loop().create_future()
         self._waiting[member] = answer
         try:
-            await self.actor.join_group.remote(self._subscriber, member, item, uid, group_size, group_wait, session, attempt)
+            await self.actor.join_group.remote(self._subscriber, member, item, uid, group_size, group_wait, session, attempt,
+                                               validation)
             if self._receiver is None or self._receiver.done():
                 self._receiver = asyncio.get_running_loop().create_task(self._receive())
             return await answer

@@ -1,5 +1,5 @@
 """The guide's admission-order example (docs/guide/judge-operations.md, "Admission order"), run as written
-against the loopback judge it starts: under ``deadline`` a training batch queued behind a validation batch
+against the loopback judge it starts: under ``deadline`` a validation pass queued behind a training batch
 is scored first, under ``fifo`` after it."""
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ def test_the_guides_admission_example_runs_as_written():
         with contextlib.redirect_stdout(out):
             exec(compile(code.replace(f"127.0.0.1:{config.port}", f"127.0.0.1:{server.port}"), "guide", "exec"), {})
         served = server.stats().outcomes
-    waited = {order: float(s) for order, s in re.findall(r"admission_order=(\w+): the training batch was scored after ([\d.]+) s",
+    waited = {order: float(s) for order, s in re.findall(r"admission_order=(\w+): the validation pass was scored after ([\d.]+) s",
                                                            out.getvalue())}
     assert set(waited) == {"fifo", "deadline"}, out.getvalue()
     assert served["ok"] == 2 * 48  # every sample of both runs, once
-    # FIFO serves the 40 validation samples first (20 rounds of 50 ms at 2 at a time), deadline the 8
-    # training samples (4 rounds) after the 2 calls already running: about 1.4 s against 0.3 s.
+    # FIFO serves the 40 training samples first (20 rounds of 50 ms at 2 at a time), deadline the 8
+    # validation samples (4 rounds) after the 2 calls already running: about 1.4 s against 0.3 s.
     assert waited["deadline"] < waited["fifo"] / 2, waited

@@ -1,6 +1,7 @@
 """``admission_order: deadline`` (engine/admission_order.py, issue 46 item 1): when the judge's
-throughput binds, the queued request the trainer needs first starts first (training before
-validation, the older ticket, the caller's rank, the group closest to completion), a retry or a
+throughput binds, the queued request the trainer needs first starts first (validation, which verl's
+trainers wait for, before training; the older ticket, the caller's rank, the group closest to
+completion), a retry or a
 429 keeps its rank, no request is passed over for longer than ``max_passover_s``, nothing is lost
 or answered twice, and ``fifo`` (the default) is the plain deque, exactly first in, first out.
 
@@ -33,7 +34,7 @@ from verl_async_rm.retry import RetryPolicy
 
 pytestmark = pytest.mark.quick
 
-# What an owner says of a sample: (validation, ticket opened as, caller's rank, unsettled members of its group).
+# What an owner says of a sample: (training, not validation; ticket opened as, caller's rank, unsettled members of its group).
 OWNER_RANKS = st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 2), st.integers(1, 4))
 
 
@@ -123,7 +124,7 @@ def test_the_queue_serves_by_rank_promotes_by_age_and_keeps_a_requeued_samples_r
 
 
 def test_dead_entries_do_not_pile_up_behind_a_sample_waiting_its_turn():
-    """A validation sample waits while 20,000 training samples pass it: the entries they leave
+    """A training sample waits while 20,000 validation samples pass it: the entries they leave
     behind in the queue's view by age (each holding its sample, and its ticket) are compacted away."""
     clock, owner = Clock(), Owner()
     queue = RankedQueue(clock, max_passover_s=1e9)
@@ -269,17 +270,17 @@ def test_fifo_ignores_every_rank_and_admits_exactly_in_arrival_order(arrivals):
 
 
 def test_a_sample_ranked_last_is_passed_over_no_longer_than_max_passover_s_plus_one_admission():
-    """A validation sample queued while a training sample arrives every second, for 100 s, against a
+    """A training sample queued while a validation sample arrives every second, for 100 s, against a
     judge that takes one at a time for 1 s: without the bound it would wait for the whole stream;
     with ``max_passover_s`` 10 it starts within 10 s plus the admission in progress."""
 
-    def validation_start(max_passover_s):
+    def training_start(max_passover_s):
         arrivals = [(0.5, (True, 0, 0, 1), "ok", None)] + [(float(t), (False, 1, 0, 1), "ok", None) for t in range(100)]
         watch = run_pipeline(arrivals, max_passover_s)[0]
         return next(at for at, sample, _ in watch.admissions if sample.item.index == 0)
 
-    assert 0.5 + 10 <= validation_start(10.0) <= 0.5 + 10 + 1
-    assert validation_start(1e9) >= 100  # no bound: passed over by every training sample
+    assert 0.5 + 10 <= training_start(10.0) <= 0.5 + 10 + 1
+    assert training_start(1e9) >= 100  # no bound: passed over by every validation sample
 
 
 # -- the agent: what tickets and streamed groups rank by --------------------------------------------------
@@ -305,7 +306,7 @@ def call_order(scenario_steps, admission_order):
     return called
 
 
-def test_tickets_rank_validation_after_training_older_first_then_the_callers_rank():
+def test_tickets_rank_validation_first_then_older_first_then_the_callers_rank():
     async def steps(agent):
         tickets = [agent.submit(labelled("blocker", 1))]  # holds the slot: the rest queue up behind it
         tickets.append(agent.submit(labelled("V", 2), validation=True))
@@ -316,7 +317,7 @@ def test_tickets_rank_validation_after_training_older_first_then_the_callers_ran
         for ticket in [*tickets, older]:
             assert len(await agent.get_all(ticket)) > 0
 
-    assert call_order(steps, "deadline") == ["blocker0", "O0", "O1", "N2", "N3", "N0", "N1", "V0", "V1"]
+    assert call_order(steps, "deadline") == ["blocker0", "V0", "V1", "O0", "O1", "N2", "N3", "N0", "N1"]
     assert call_order(steps, "fifo") == ["blocker0", "V0", "V1", "N0", "N1", "N2", "N3", "O0", "O1"]
 
 
@@ -350,6 +351,40 @@ def test_the_per_sample_streams_groups_rank_by_when_they_opened():
     assert call_order(steps, "fifo") == ["blocker0", "G0", "N0", "N1", "G1"]
 
 
+def test_a_streamed_validation_group_goes_before_older_training():
+    """verl's validation pass, on the per-sample path (our agent-loop managers stamp it: the trainer
+    waits for it), starts before training groups and tickets queued earlier; an older validation
+    group before a newer one."""
+
+    def member(tag, uid, validation):
+        return asyncio.ensure_future(agent_ref[0].score_in_group(
+            {"solution_str": "x", "extra_info": {"tag": tag}}, uid, 2, validation=validation))
+
+    agent_ref = []
+
+    async def steps(agent):
+        agent_ref[:] = [agent]
+        blocker = agent.submit(labelled("blocker", 1))
+        training = [member("T0", "T", False), member("T1", "T", False)]
+        await asyncio.sleep(0)
+        ticket = agent.submit(labelled("N", 2))
+        validation = [member(f"V{i}", f"V{i // 2}", True) for i in range(4)]
+        await asyncio.gather(*training, *validation, agent.get_all(blocker), agent.get_all(ticket))
+
+    assert call_order(steps, "deadline") == ["blocker0", "V0", "V1", "V2", "V3", "T0", "T1", "N0", "N1"]
+    assert call_order(steps, "fifo") == ["blocker0", "T0", "T1", "N0", "N1", "V0", "V1", "V2", "V3"]
+
+
+def test_a_streamed_validation_flag_that_is_not_a_bool_is_refused():
+    async def scenario():
+        async with AsyncRewardAgent(lambda data_source, solution_str, ground_truth, extra_info=None: 1.0) as agent:
+            with pytest.raises(ValueError, match="validation must be true or false"):
+                await agent.score_in_group({"solution_str": "x"}, "G", 1, validation="yes")
+            assert agent.metrics()["submitted"] == 0
+
+    virtual(scenario)
+
+
 def test_a_group_judges_call_ranks_as_its_group():
     class Judge:
         async def compute_group_score(self, group):
@@ -368,7 +403,7 @@ def test_a_group_judges_call_ranks_as_its_group():
                 await agent.get_all(ticket)
 
     virtual(scenario)
-    assert called == ["blocker0", "T2", "T0", "V0"]
+    assert called == ["blocker0", "V0", "T2", "T0"]
 
 
 @pytest.mark.parametrize("ranks, match", [
@@ -450,10 +485,10 @@ def test_every_sample_of_every_ticket_is_handed_out_once_with_retries_429s_deadl
 
 
 # -- the agent in its own thread (verl's trainer process) ---------------------------------------------------
-def test_reward_agent_serves_the_older_ticket_then_training_before_validation():
+def test_reward_agent_serves_validation_then_the_older_ticket():
     """Through ``RewardAgent``: a validation batch and two training batches queue behind a call that
-    holds the only slot; the older training ticket (opened first, its samples added last) goes first,
-    validation last."""
+    holds the only slot; validation goes first (the trainer waits for it), then the older training
+    ticket (opened first, its samples added last)."""
     gate, called = threading.Event(), []
 
     async def reward(data_source, solution_str, ground_truth, extra_info=None):
@@ -472,4 +507,4 @@ def test_reward_agent_serves_the_older_ticket_then_training_before_validation():
         gate.set()
         for ticket in [*tickets, older]:
             assert len(agent.get_all(ticket, timeout=30)) > 0
-    assert called == ["blocker0", "O0", "O1", "N0", "N1", "V0", "V1"]
+    assert called == ["blocker0", "V0", "V1", "O0", "O1", "N0", "N1"]

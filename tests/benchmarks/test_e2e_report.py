@@ -688,6 +688,10 @@ def test_skip_leaves_cells_out_of_the_plan(capsys):
     assert e2e.main([*argv, "--skip", "tail_1x:both,zero:both"]) == 0
     plan = capsys.readouterr().out
     assert "tail_1x baseline" in plan and "tail_1x both" not in plan and "zero both" not in plan
+    # the cell alone takes its zero-latency bound with it (a bound of nothing is not run)
+    assert e2e.main([*argv, "--skip", "tail_1x:both"]) == 0
+    plan = capsys.readouterr().out
+    assert "tail_1x both" not in plan and "zero both" not in plan and "zero baseline (bound, tail_1x group)" in plan
     with pytest.raises(SystemExit):
         e2e.main([*argv, "--skip", "tail_1x"])
 
@@ -1194,6 +1198,33 @@ def test_issue_46_goals_blocked_time_halved_where_the_judge_binds_and_no_change_
     row = e2e.admission_table(zero)[0]
     assert row["blocked_vs_fifo"]["n"] == 2 and row["blocked_minus_fifo_s"]["n"] == 3
     assert admission_goal(e2e.analyse(admission_seed(0, "judge_real", 8.0, 1.0))["goals"], "judge_real")["pass"] is None
+
+
+@pytest.mark.quick
+def test_validation_inside_the_loop_counts_as_waited_for_beyond_its_bounds_passes():
+    """--test-freq: verl validates inside the loop and the trainer waits for each pass. Its passes beyond the
+    same-mode bound's (the same passes with an instant judge) are reward wait, added to the step's."""
+    records = []
+    for seed in range(3):
+        fifo, fbound, twin, tbound = admission_seed(seed, "judge_real", 4.0, 4.0, 30.0, 24.0)
+        fifo["validation_in_loop_s"], fbound["validation_in_loop_s"] = 9.0 + seed, 3.0  # 6-8 s of reward wait
+        twin["validation_in_loop_s"], tbound["validation_in_loop_s"] = 4.0, 3.0  # 1 s
+        records += [fifo, fbound, twin, tbound]
+    row = e2e.admission_table(records)[0]
+    assert row["fifo_figures"]["blocked_s"]["median"] == pytest.approx(4.0 + 7.0)
+    assert row["deadline_figures"]["blocked_s"]["median"] == pytest.approx(4.0 + 1.0)
+    assert row["fifo_figures"]["validation_in_loop_s"]["median"] == pytest.approx(10.0)
+    assert row["validation_vs_fifo"]["mean"] == pytest.approx(sum(4.0 / v - 1 for v in (9.0, 10.0, 11.0)) / 3, abs=1e-3)
+    assert "| 10.00 [9.00, 11.00] / 4.00 [4.00, 4.00] |" in "\n".join(e2e.admission_markdown({"admission": [row], "regime_compute_s": {}}))
+    # a record of a run without validation in its loop (every earlier benchmark's): nothing added
+    del fifo["validation_in_loop_s"], fbound["validation_in_loop_s"]
+    assert e2e._wait_and_exposure(e2e._index(records), fifo, "judge_real", FIFO_CO)[1] == pytest.approx(4.0)
+    # the run's setting: verl's trainer.test_freq, part of the run's identity only where set
+    assert e2e.run_settings(Run("v1", 0, "judge_real", FIFO_CO), 0.8, 0.0, 4)["test_freq"] == 4
+    assert "test_freq" not in e2e.run_settings(Run("v1", 0, "judge_real", FIFO_CO), 0.8, 0.0)
+    for bad in ("-1", "12"):
+        with pytest.raises(SystemExit):
+            e2e.main(["--admission-ab", "--test-freq", bad, "--dry-run"])
 
 
 @pytest.mark.local

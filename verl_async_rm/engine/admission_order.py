@@ -5,7 +5,11 @@ The queue only matters when the judge's throughput binds (the concurrency cap, a
 429 pause, a budget's reservations): the pump then starts the sample the queue puts first
 (``pipeline.py``). The rank, smallest first:
 
-1. training before validation (a ticket submitted or opened with ``validation=True``);
+1. validation before training (a ticket submitted or opened with ``validation=True``, a streamed
+   sample joined with it): verl's trainers, v0 and v1, run a validation pass inside their loop and
+   go on when it is scored (``fit`` calls ``_validate``), so while validation requests are queued
+   they are what the trainer blocks on; the training requests queued beside them are for steps it
+   takes after (generated ahead: colocate_async, a pipeline one step ahead);
 2. the older ticket first, the one the trainer blocks on next (tickets and the per-sample stream's
    groups are numbered in one sequence as they open: ``ScoringEngine.openings``);
 3. the caller's rank within its ticket (``submit(..., ranks=...)``: e.g. the mini-batch that needs
@@ -51,8 +55,8 @@ class RankedQueue:
     uses (``append``, ``appendleft``, ``extend``, ``[0]``, ``popleft``, truth, ``len``, iteration),
     so the pump is one piece of code over either queue, and the FIFO deque pays nothing for this one.
 
-    A sample ranks itself (``Sample.admission_rank``: its owner's (validation, opened as, caller's
-    rank, unsettled members of its group)); the queue adds the order it was first queued in."""
+    A sample ranks itself (``Sample.admission_rank``: its owner's (training, not validation; opened
+    as, caller's rank, unsettled members of its group)); the queue adds the order it was first queued in."""
 
     def __init__(self, clock: Callable[[], float], max_passover_s: float):
         self.clock = clock

@@ -10,7 +10,7 @@ The parts, each in its own module:
 - ``resolution.py``: a settled group becomes scores (failure policy, then the group hook);
 - ``judge_ops.py``: the verdict log and the judge budget;
 - ``admission_order.py``: with ``admission_order: deadline``, the pipeline's queue ranked by what the
-  trainer needs first (older tickets, training before validation), starvation-free;
+  trainer needs first (validation, which the trainer waits for, then older tickets), starvation-free;
 - ``ledger.py``, ``budget.py``: groups and failure budgets (pure book-keeping).
 
 What stays here:
@@ -204,12 +204,13 @@ class ScoringEngine:
     def join_group(
         self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
         answer: Callable[[object], None], session: Hashable | None = None, attempt: Hashable | None = None,
+        validation: bool = False,
     ) -> None:
-        self.stream.join(item, uid, group_size, group_wait, answer, session, attempt)
+        self.stream.join(item, uid, group_size, group_wait, answer, session, attempt, validation)
 
     async def score_in_group(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
-                             session: Hashable | None = None, attempt: Hashable | None = None):
-        return await self.stream.score(item, uid, group_size, group_wait, session, attempt)
+                             session: Hashable | None = None, attempt: Hashable | None = None, validation: bool = False):
+        return await self.stream.score(item, uid, group_size, group_wait, session, attempt, validation)
 
     def withdraw_from_group(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:
         self.stream.withdraw(uid, session, attempt)

@@ -103,8 +103,8 @@ class Sample:
 
     def admission_rank(self) -> tuple:
         """Where its owner ranks it under ``admission_order: deadline`` (engine/admission_order.py):
-        (validation, the ticket's or stream group's opening number, the caller's rank, unsettled
-        members of its group)."""
+        (training, not validation; the ticket's or stream group's opening number, the caller's rank,
+        unsettled members of its group)."""
         return self.owner.admission_rank(self.item)
 
 

@@ -41,10 +41,11 @@ class StreamStatistics:
 class StreamMember:
     """A sample of the per-sample path: its group, its place in it, and where its answer goes."""
 
-    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial", "opening")
+    __slots__ = ("label", "group", "position", "answer", "arrived_at", "deadline", "sample", "serial", "opening",
+                 "validation")
 
     def __init__(self, label: str, group: Group, position: int, answer: Callable[[object], None], arrived_at: float,
-                 serial: str = "", opening: int = 0):
+                 serial: str = "", opening: int = 0, validation: bool = False):
         self.label = label  # the reward's, for error messages
         self.group = group
         self.opening = opening  # its group's number in the engine's count of tickets and groups as they opened
@@ -54,6 +55,7 @@ class StreamMember:
         self.deadline: asyncio.TimerHandle | None = None
         self.sample: Sample | None = None
         self.serial = serial  # names it in the verdict log (a ticket's samples: ticket and index)
+        self.validation = validation  # of a validation pass (stamped by our agent-loop managers: group_sizes.py)
 
     def describe(self, item: RewardItem) -> str:
         kind, uid = self.group.key[:2]  # a streamed group's key may name its attempt too (stream_key)
@@ -66,9 +68,9 @@ class StreamMember:
         return now - self.arrived_at, None, uid if kind == "uid" else None, self.serial
 
     def admission_rank(self, item: RewardItem) -> tuple[bool, int, int, int]:
-        """Where it ranks under ``admission_order: deadline`` (engine/admission_order.py): as a
-        training sample (the per-sample path does not say otherwise) of a ticket opened with its group."""
-        return False, self.opening, 0, self.group.unsettled
+        """Where it ranks under ``admission_order: deadline`` (engine/admission_order.py): as a sample
+        of a ticket opened with its group, validation or training as its caller said."""
+        return not self.validation, self.opening, 0, self.group.unsettled
 
 
 class SampleStream:
@@ -91,18 +93,22 @@ class SampleStream:
     def join(
         self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
         answer: Callable[[object], None], session: Hashable | None = None, attempt: Hashable | None = None,
+        validation: bool = False,
     ) -> None:
         """Score ``item`` as a member of group ``uid`` (expected size ``group_size``); ``answer`` gets
         ``(score, extra)`` once the whole group is resolved, or the exception that ended it. A group
         that gets no new member for ``group_wait`` seconds is resolved with the members it has.
         ``session``: which of the group's rollouts this sample is (see ``withdraw``); ``attempt``:
         which dispatch of the prompt, so that a prompt generated again under the same uid forms a
-        group of its own and never mixes with an earlier attempt's members."""
+        group of its own and never mixes with an earlier attempt's members. ``validation``: of a
+        validation pass (its rank under ``admission_order: deadline``)."""
         if self.engine.closed is not None:
             raise AgentClosed("the reward agent is closed")
         self.judge.check_budget()
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+        if not isinstance(validation, bool):
+            raise ValueError(f"validation must be true or false, got {validation!r}")
         now = self.loop.time()
         key: Hashable = stream_key(uid, attempt) if uid is not None else ("sample", object())
         split_before = self.groups.split_groups
@@ -116,7 +122,7 @@ class SampleStream:
         members = self.members.setdefault(group, [])
         opening = members[0].opening if members else next(self.engine.openings)
         member = StreamMember(self.reward.label, group, position, answer, now, f"{self.engine.id}/s{next(self._numbers)}",
-                              opening)
+                              opening, validation)
         members.append(member)
         wait = self.waits.pop(group, None)
         if wait is not None:
@@ -139,7 +145,7 @@ class SampleStream:
             self.pipeline.enqueue([GroupCall(samples, owner)])
 
     async def score(self, item: RewardItem, uid: Hashable | None, group_size: int, group_wait: float | None,
-                    session: Hashable | None = None, attempt: Hashable | None = None):
+                    session: Hashable | None = None, attempt: Hashable | None = None, validation: bool = False):
         """``join`` for a caller on this loop: awaits the answer."""
         future = self.loop.create_future()
 
@@ -147,7 +153,7 @@ class SampleStream:
             if not future.done():
                 future.set_exception(value) if isinstance(value, BaseException) else future.set_result(value)
 
-        self.join(item, uid, group_size, group_wait, answer, session, attempt)
+        self.join(item, uid, group_size, group_wait, answer, session, attempt, validation)
         return await future
 
     def withdraw(self, uid: Hashable, session: Hashable, attempt: Hashable | None = None) -> None:

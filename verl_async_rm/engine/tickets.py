@@ -79,7 +79,7 @@ class TicketRun:
     def admission_rank(self, item: RewardItem) -> tuple[bool, int, int, int]:
         """Where one of its samples ranks under ``admission_order: deadline`` (engine/admission_order.py)."""
         rank = self.ranks.get(item.index, 0) if self.ranks else 0
-        return self.validation, self.opening, rank, self.ledger.group_of(item.index).unsettled
+        return not self.validation, self.opening, rank, self.ledger.group_of(item.index).unsettled
 
 
 class TicketBook:

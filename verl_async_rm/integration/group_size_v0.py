@@ -6,7 +6,7 @@ import numpy as np
 
 from verl import DataProto
 from verl.experimental.agent_loop import AgentLoopManager
-from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY, rows_per_uid
+from verl_async_rm.integration.group_sizes import GROUP_SIZE_KEY, VALIDATION_KEY, rows_per_uid
 
 
 class AgentLoopManagerWithGroupSizes(AgentLoopManager):
@@ -14,4 +14,6 @@ class AgentLoopManagerWithGroupSizes(AgentLoopManager):
         if "uid" in prompts.non_tensor_batch:
             sizes = rows_per_uid(list(prompts.non_tensor_batch["uid"]))
             prompts.non_tensor_batch[GROUP_SIZE_KEY] = np.array(sizes, dtype=np.int64)
+            validate = bool(prompts.meta_info.get("validate", False))
+            prompts.non_tensor_batch[VALIDATION_KEY] = np.array([int(validate)] * len(sizes), dtype=np.int64)
         return super().generate_sequences(prompts)

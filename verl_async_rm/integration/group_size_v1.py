@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1 import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
 from verl_async_rm.errors import RewardAgentStopped
-from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY, sessions_per_prompt
+from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY, VALIDATION_KEY, sessions_per_prompt
 from verl_async_rm.integration.settings import read_run_settings
 
 _log = logging.getLogger(__name__)
@@ -100,7 +100,9 @@ class AgentLoopManagerTQWithGroupSizes(AgentLoopManagerTQ):
         self._refuse_if_the_agent_stopped()
         rollout = self.config.actor_rollout_ref.rollout
         explicit = tu.get(batch, "__rollout_n__", default=None)
-        sizes = sessions_per_prompt(len(batch), bool(tu.get(batch, "validate", default=False)),
-                                    None if explicit is None else list(explicit), rollout.n, rollout.val_kwargs.n)
+        validate = bool(tu.get(batch, "validate", default=False))
+        sizes = sessions_per_prompt(len(batch), validate, None if explicit is None else list(explicit), rollout.n,
+                                    rollout.val_kwargs.n)
         tu.assign_non_tensor_stack(batch, GROUP_SIZE_KEY, sizes)
+        tu.assign_non_tensor_stack(batch, VALIDATION_KEY, [int(validate)] * len(sizes))
         return super().generate_sequences(batch)

@@ -11,7 +11,8 @@ manager sees the whole batch, so our subclasses (``group_size_v0``, ``group_size
 stamp ``GROUP_SIZE_KEY``: every prompt column reaches the reward as a column of its one-row batch.
 ``main_ppo`` and verl's own entry point (``stock_entry``) select them (verl's
 ``agent_loop_manager_class``, ``select_group_size_manager``) when the ``async_agent`` manager scores
-inside the agent loop. v1's worker also tells the agent when a session ends without a sample (its
+inside the agent loop. They stamp whether the batch is validation too (``VALIDATION_KEY``), which
+verl's trainers say to the agent-loop manager only. v1's worker also tells the agent when a session ends without a sample (its
 rollout failed), so the group closes without it at once (``group_size_v1``). This module is light:
 the entry point imports it before verl.
 """
@@ -28,6 +29,9 @@ GROUP_SIZE_KEY = "__async_rm_group_size__"
 # starts a prompt's sessions): verl generates a prompt again under the same uid (a checkpointed prompt
 # re-issued on resume), and the agent keeps each attempt a group of its own.
 ATTEMPT_KEY = "__async_rm_attempt__"
+# Whether the sample belongs to a validation pass: verl's trainers (v0 and v1) wait for a validation pass
+# before they go on, so ``admission_order: deadline`` serves its samples first.
+VALIDATION_KEY = "__async_rm_validation__"
 V0_CLASS = "verl_async_rm.integration.group_size_v0.AgentLoopManagerWithGroupSizes"
 V1_CLASS = "verl_async_rm.integration.group_size_v1.AgentLoopManagerTQWithGroupSizes"
 

@@ -23,7 +23,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl_async_rm import verl_internals
 from verl_async_rm.integration.agent_client import connect
 from verl_async_rm.integration.decode import decode_requests, fixed_extra_info, group_size_of, valid_response_lengths
-from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY
+from verl_async_rm.integration.group_sizes import ATTEMPT_KEY, GROUP_SIZE_KEY, VALIDATION_KEY
 from verl_async_rm.integration.registries import register_where_loaded
 from verl_async_rm.integration.settings import read_run_settings
 from verl_async_rm.loader import check_spec
@@ -62,7 +62,9 @@ class AsyncAgentRewardManager(RewardManagerBase):
         request = decode_requests(data, self.tokenizer, self.settings.reward_fn_key)[0]
         uid = request.pop("uid")
         size, wait = self._group_of(data)
-        score, extra = await self.client.score_in_group(request, uid, size, wait, **self._member_of(data))
+        stamp = data.non_tensor_batch.get(VALIDATION_KEY)  # our agent-loop managers say it (group_sizes.py)
+        validation = stamp is not None and bool(stamp[-1])
+        score, extra = await self.client.score_in_group(request, uid, size, wait, validation=validation, **self._member_of(data))
         return {"reward_score": score, "reward_extra_info": fixed_extra_info(score, extra, self.settings.extra_keys)}
 
     def _group_of(self, data: DataProto) -> tuple[int, float | None]:
