@@ -26,6 +26,7 @@ PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 ANCHOR = RESULTS / "e2e_anchor.json"
 ADMISSION = RESULTS / "e2e_admission.json"
+ADMISSION_VALIDATION = RESULTS / "e2e_admission_validation.json"
 SUITE_TIME = RESULTS / "suite_time.json"
 README_BEGIN = "<!-- results: python bench/results_page.py --write -->"
 README_END = "<!-- /results -->"
@@ -110,6 +111,9 @@ def page() -> str:
     if ADMISSION.exists():
         parts.append(_section("Admission order: first in, first out against deadline-aware", ADMISSION.name,
                               _load(ADMISSION.name), e2e_markdown(e2e_report(ADMISSION))))
+    if ADMISSION_VALIDATION.exists():
+        parts.append(_section("Admission order with verl's validation inside the loop", ADMISSION_VALIDATION.name,
+                              _load(ADMISSION_VALIDATION.name), e2e_markdown(e2e_report(ADMISSION_VALIDATION))))
     everything = tables()
     demo = _load("demo/demo.json")
     if demo is not None:

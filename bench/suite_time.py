@@ -25,12 +25,14 @@ QUICK = [sys.executable, "-m", "pytest", "-m", "quick", "-q", "-rfE", "-p", "no:
 CI = ["bash", ".ci/run"]
 
 
-def timed(command: list[str]) -> dict:
+def timed(command: list[str], log: Path | None = None) -> dict:
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     wall = time.perf_counter() - start
+    if log is not None:  # the whole output (pytest's 20 slowest tests of each run are in it): where the time went
+        log.write_text(run.stdout + run.stderr)
     summary = next((line for line in reversed(run.stdout.splitlines())
                     if " in " in line and any(word in line for word in ("passed", "failed", "error"))), "")
     failed = [line.split()[1] for line in run.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick-runs", type=int, default=5, help="runs of `pytest -m quick` (0: none)")
     parser.add_argument("--ci", action="store_true", help="also time one `.ci/run` (about 25 minutes)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--ci-log", type=Path, help="write `.ci/run`'s whole output here")
     args = parser.parse_args(argv)
     if args.quick_runs < 0:
         parser.error("--quick-runs must be >= 0")
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                            "all_passed": all(r["exit_code"] == 0 for r in runs),
                            "max_load_1min": max(max(r["load_1min_at_start"], r["load_1min_at_end"]) for r in runs)}
     if args.ci:
-        run = timed(CI)
+        run = timed(CI, args.ci_log)
         print(f".ci/run: {run['wall_s']} s ({run['pytest_summary']})", flush=True)
         report["ci"] = {"command": "bash .ci/run", **run,
                         "max_load_1min": max(run["load_1min_at_start"], run["load_1min_at_end"])}

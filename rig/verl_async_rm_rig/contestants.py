@@ -94,6 +94,14 @@ REWARD_MANAGER = {VERL_COLOCATE: "rate_limited"}  # every other mode: async_agen
 # use 1); verl's rate_limited limits are per worker process, so its judge sees up to 8x them.
 STOCK_COMMAND = {VERL_COLOCATE: 8, AGENT_COLOCATE: 8}
 ANCHOR_MODES = (VERL_COLOCATE, AGENT_COLOCATE)
+# The same two commands with verl's prefetch window one batch deeper (trainer.v1.colocate_async.num_warmup_batches,
+# default 1): a batch is generated, and its rewards scored, a step before the trainer samples it, as this package's
+# off_policy_steps=1 does; one more step of staleness, within verl's max_off_policy_threshold (8).
+AHEAD = ["trainer.v1.colocate_async.num_warmup_batches=2"]
+VERL_COLOCATE_AHEAD, AGENT_COLOCATE_AHEAD = f"{VERL_COLOCATE}_ahead", f"{AGENT_COLOCATE}_ahead"
+MODES |= {VERL_COLOCATE_AHEAD: [*COLOCATE, *AHEAD], AGENT_COLOCATE_AHEAD: [*COLOCATE, *AHEAD]}
+REWARD_MANAGER |= {VERL_COLOCATE_AHEAD: "rate_limited"}
+STOCK_COMMAND |= {VERL_COLOCATE_AHEAD: 8, AGENT_COLOCATE_AHEAD: 8}
 # The configuration this project recommends against a hosted judge: the one issue 43's goals judge
 # (bench/e2e.py --recommended) and the demo's third lane. The lead sets it from the benchmark's verdict.
 RECOMMENDED = AGENT_COLOCATE
@@ -101,7 +109,8 @@ RECOMMENDED = AGENT_COLOCATE
 # scored) groups as timing_s/gen; this package's strategies time the wait on rewards alone, as
 # timing_s/reward_wait (the mini-batch pipeline's takes, the pool's wait for due groups; older
 # trees: the pipeline's async_reward/blocked_s only).
-TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen"}
+TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen",
+                    VERL_COLOCATE_AHEAD: "timing_s/gen", AGENT_COLOCATE_AHEAD: "timing_s/gen"}
 OWN_WAIT_KEYS = ("timing_s/reward_wait", "async_reward/blocked_s")
 # Issue 46: the agent's opt-in admission_order: deadline (verl_async_rm/engine/admission_order.py): when
 # the judge's throughput binds, queued requests start in the order the trainer needs them. A contestant's
