@@ -113,6 +113,8 @@ from verl_async_rm_rig.contestants import (  # noqa: E402
     TRAINER_WAIT_KEY,  # noqa: F401 (as OWN_WAIT_KEYS)
     V1_POLL_S,
     VERL_COLOCATE,
+    VERL_MODES,
+    VERL_REFERENCE,
     colocate,
     reward_function,
     reward_loop_overrides,
@@ -143,7 +145,7 @@ VERL_REWARD_LOOP_RUN_COST_S = 60
 # The configuration issue 43's goals judge (--recommended: contestants.RECOMMENDED by default), and the
 # others measured against the same thresholds, each on its own row: the measurement decides which one
 # the README recommends.
-CANDIDATES = (AGENT_COLOCATE, "both", "tail_auto")
+CANDIDATES = (AGENT_COLOCATE, "both", "tail_auto", f"{AGENT_COLOCATE}_ahead")
 
 
 CALIBRATION = "calibration"  # the group of the run that measures C (trains alone, bounds nothing)
@@ -990,7 +992,9 @@ def anchor_goals(records: list[dict], recommended: str = RECOMMENDED, candidates
         for regime in [g for g in ANCHOR_REGIMES if any(r["regime"] == g for r in mine)]:
             for mode in [recommended, *[c for c in candidates if c != recommended and c in present]]:
                 runs = [r for r in mine if r["regime"] == regime and r["mode"] == mode]
-                verl = [_run(at, trainer, _unit(r), regime, VERL_COLOCATE) for r in runs]
+                reference = VERL_REFERENCE.get(mode, VERL_COLOCATE)
+                against = "verl colocate_async" if reference == VERL_COLOCATE else f"verl's {reference}"
+                verl = [_run(at, trainer, _unit(r), regime, reference) for r in runs]
                 ratios = [r["loop_time_s"] / v["loop_time_s"] - 1 for r, v in zip(runs, verl) if v]
                 shares = [share for r in runs for *_, share in [_wait_and_exposure(at, r, regime, mode)] if share is not None]
 
@@ -999,14 +1003,14 @@ def anchor_goals(records: list[dict], recommended: str = RECOMMENDED, candidates
                                 "kind": kind, "variant": mode != recommended, "figure": figure,
                                 "pass": None if figure is None else passed(figure)})
 
-                goal(f"loop time <= verl colocate_async's (paired ratio - 1, upper bound <= +{GOAL_LOOP_VS_VERL:.0%})",
+                goal(f"loop time <= {against}'s (paired ratio - 1, upper bound <= +{GOAL_LOOP_VS_VERL:.0%})",
                      paired_interval(ratios), lambda f: f["high"] <= GOAL_LOOP_VS_VERL, "loop_vs_verl")
                 goal(f"reward wait exposed (trainer-timed) <= {GOAL_EXPOSED:.0%} of the wait (upper bound)",
                      paired_interval(shares), lambda f: f["high"] <= GOAL_EXPOSED, "exposed")
                 if not REGIMES[regime].http:
                     continue
                 counts = [r.get("trained_failed_zero") for r in runs]
-                verl_counts = [r.get("trained_failed_zero") for r in mine if r["regime"] == regime and r["mode"] == VERL_COLOCATE]
+                verl_counts = [r.get("trained_failed_zero") for r in mine if r["regime"] == regime and r["mode"] == reference]
                 figure = None if not runs or None in counts else {
                     "count": int(sum(counts)), "runs": len(runs),
                     VERL_COLOCATE: None if not verl_counts or None in verl_counts else int(sum(verl_counts))}
@@ -1017,7 +1021,7 @@ def anchor_goals(records: list[dict], recommended: str = RECOMMENDED, candidates
                 goal(f"429s <= {GOAL_THROTTLED:.0%} of requests after the loop's first second (upper bound)",
                      paired_interval([j["throttled_after_first_second"] for j in judge]),
                      lambda f: f["high"] <= GOAL_THROTTLED, "throttled")
-                goal("loop time below verl colocate_async's (paired ratio - 1, interval below 0)",
+                goal(f"loop time below {against}'s (paired ratio - 1, interval below 0)",
                      paired_interval(ratios), lambda f: f["high"] < 0, "loop_below_verl")
     return out
 
@@ -1348,7 +1352,7 @@ def analyse(records: list[dict], recommended: Optional[str] = None) -> dict:
     # table's row); what the failures cost, against stock verl without them: reported, not judged
     comparisons = (paired_comparison(records, "both_mask", "both_neutral")
                    + [row for mode in [STOCK, "both_mask"] for row in failure_cost(records, mode)])
-    anchor = anchor_goals(records, recommended) if recommended and any(r["mode"] == VERL_COLOCATE for r in records) else []
+    anchor = anchor_goals(records, recommended) if recommended and any(r["mode"] in VERL_MODES for r in records) else []
     # issue 46's A/B, where a deadline twin ran (--admission-ab)
     admission = admission_table(records)
     return {"timing": timing, "learning": learning, "comparisons": comparisons, "admission": admission,
@@ -1490,8 +1494,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.quick:
         args.trainers, args.steps, args.seeds, args.regimes = "v1", 2, "0", "heavy_2.5x"
         args.out = args.out.replace(".json", "_quick.json")
-    if args.recommended not in MODES or args.recommended in (STOCK, VERL_COLOCATE):
-        parser.error(f"--recommended: a configuration of this package, of {[m for m in MODES if m not in (STOCK, VERL_COLOCATE)]}")
+    if args.recommended not in MODES or args.recommended in (STOCK, *VERL_MODES):
+        parser.error(f"--recommended: a configuration of this package, of {[m for m in MODES if m not in (STOCK, *VERL_MODES)]}")
     if args.decode_s < 0:
         parser.error("--decode-s: seconds per token, >= 0")
     if args.test_freq < 0 or (args.test_freq and args.test_freq >= args.steps):

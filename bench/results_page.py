@@ -27,6 +27,7 @@ README = ROOT / "README.md"
 ANCHOR = RESULTS / "e2e_anchor.json"
 ADMISSION = RESULTS / "e2e_admission.json"
 ADMISSION_VALIDATION = RESULTS / "e2e_admission_validation.json"
+ANCHOR_AHEAD = RESULTS / "e2e_anchor_ahead.json"
 SUITE_TIME = RESULTS / "suite_time.json"
 README_BEGIN = "<!-- results: python bench/results_page.py --write -->"
 README_END = "<!-- /results -->"
@@ -108,6 +109,10 @@ def page() -> str:
     if anchor is not None:
         parts.append(_section("Against verl's own asynchronous trainer", ANCHOR.name, anchor,
                               e2e_markdown(e2e_report(ANCHOR))))
+    if ANCHOR_AHEAD.exists():
+        parts.append(_section("verl's `colocate_async` with its prefetch window one batch deeper "
+                              "(`trainer.v1.colocate_async.num_warmup_batches=2`), both reward paths", ANCHOR_AHEAD.name,
+                              _load(ANCHOR_AHEAD.name), e2e_markdown(e2e_report(ANCHOR_AHEAD))))
     if ADMISSION.exists():
         parts.append(_section("Admission order: first in, first out against deadline-aware", ADMISSION.name,
                               _load(ADMISSION.name), e2e_markdown(e2e_report(ADMISSION))))

@@ -994,6 +994,30 @@ def test_issue_43_goals_are_paired_intervals_against_verls_colocate_async():
 
 
 @pytest.mark.quick
+def test_the_deeper_prefetch_window_is_judged_against_verls_reward_loop_with_the_same_window():
+    """colocate_async_agent_ahead (verl's num_warmup_batches=2) against verl's own reward loop with the same
+    setting, in the same group: the best a verl user could pick instead, not the default-window run."""
+    ahead, verl_ahead = f"{AGENT_CO}_ahead", f"{VERL}_ahead"
+    assert e2e.MODES[ahead] == [*e2e.MODES[AGENT_CO], "trainer.v1.colocate_async.num_warmup_batches=2"]
+    assert e2e.MODES[verl_ahead] == [*e2e.MODES[VERL], "trainer.v1.colocate_async.num_warmup_batches=2"]
+    assert e2e.REWARD_MANAGER[verl_ahead] == "rate_limited" and ahead not in e2e.REWARD_MANAGER  # the agent
+    records = []
+    for seed in range(3):
+        group = anchor_seed(seed, agent_loop=30.0, verl_loop=21.0)  # the default-window pair: far slower, never compared
+        group += [arec(seed, "tail_1x", verl_ahead, 18.0 + 0.1 * seed, wait=2.0), arec(seed, "zero", verl_ahead, 12.0, wait=2.0, group="tail_1x"),
+                  arec(seed, "tail_1x", ahead, 17.0, wait=2.1), arec(seed, "zero", ahead, 12.0, wait=2.0, group="tail_1x")]
+        records += group
+    met = e2e.anchor_goals(records, recommended=ahead)
+    loop = next(g for g in met if g["mode"] == ahead and g["kind"] == "loop_vs_verl")
+    assert loop["goal"].startswith(f"{ahead}: loop time <= verl's {verl_ahead}'s") and not loop["variant"]
+    assert loop["figure"]["mean"] == pytest.approx(sum(17.0 / (18.0 + 0.1 * s) - 1 for s in range(3)) / 3, abs=1e-4)
+    default = next(g for g in met if g["mode"] == AGENT_CO and g["kind"] == "loop_vs_verl")
+    assert default["variant"] and default["figure"]["mean"] == pytest.approx(30.0 / 21.0 - 1, abs=1e-4)
+    with pytest.raises(SystemExit):
+        e2e.main(["--recommended", verl_ahead, "--dry-run"])
+
+
+@pytest.mark.quick
 def test_judge_real_goals_count_failures_beside_verls_and_judge_goodput_and_429s():
     def judge(goodput, late_429):
         return {"goodput_of_limit": goodput, "throttled_after_first_second": late_429, "requests_per_trained_sample": 1.05,
