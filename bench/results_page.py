@@ -201,7 +201,7 @@ def suite_time_block() -> str:
                     f"(1-minute load at most {quick['max_load_1min']:.1f})")
     if "ci" in figures:
         ci = figures["ci"]
-        said.append(f"`{ci['command']}` {ci['wall_s'] / 60:.0f} minutes (load at most {ci['max_load_1min']:.1f})")
+        said.append(f"`{ci['command']}` {ci['wall_s']:.0f} s, {ci['wall_s'] / 60:.1f} minutes (load at most {ci['max_load_1min']:.1f})")
     return (f"On {figures['cores']} cores, {' and '.join(said)}: `bench/results/{SUITE_TIME.name}`, made by "
             f"`{figures['command']}`.\n")
 
