@@ -97,6 +97,7 @@ from verl_async_rm_rig.contestants import (  # noqa: E402
     ADMISSION_REGIMES,
     AGENT,
     AGENT_COLOCATE,
+    AGENT_COLOCATE_AHEAD,
     ANCHOR_DECODE_S,
     ANCHOR_REGIMES,
     DEADLINE_TWINS,
@@ -145,7 +146,7 @@ VERL_REWARD_LOOP_RUN_COST_S = 60
 # The configuration issue 43's goals judge (--recommended: contestants.RECOMMENDED by default), and the
 # others measured against the same thresholds, each on its own row: the measurement decides which one
 # the README recommends.
-CANDIDATES = (AGENT_COLOCATE, "both", "tail_auto", f"{AGENT_COLOCATE}_ahead")
+CANDIDATES = (AGENT_COLOCATE, "both", "tail_auto", AGENT_COLOCATE_AHEAD)
 
 
 CALIBRATION = "calibration"  # the group of the run that measures C (trains alone, bounds nothing)
@@ -1013,7 +1014,7 @@ def anchor_goals(records: list[dict], recommended: str = RECOMMENDED, candidates
                 verl_counts = [r.get("trained_failed_zero") for r in mine if r["regime"] == regime and r["mode"] == reference]
                 figure = None if not runs or None in counts else {
                     "count": int(sum(counts)), "runs": len(runs),
-                    VERL_COLOCATE: None if not verl_counts or None in verl_counts else int(sum(verl_counts))}
+                    reference: None if not verl_counts or None in verl_counts else int(sum(verl_counts))}
                 goal("0 samples trained on a failed reward scored 0", figure, lambda f: f["count"] == 0, "trained_failed_zero")
                 judge = [r["judge_server"] for r in runs if r.get("judge_server")]
                 goal(f"judge goodput >= {GOAL_GOODPUT:.0%} of the server's limit (lower bound)",
@@ -1181,9 +1182,11 @@ def goal_figure(goal: dict) -> str:
         middle = f"; steps 2..N-1: {_fmt(goal['middle_steps'], True)}" if goal.get("middle_steps") else ""
         return f"{_fmt(figure, True)} (vs the stock bound: {_fmt(goal['vs_stock_bound'], True)}{middle})"
     if "count" in figure:
-        verl = figure.get(VERL_COLOCATE)
+        reference = next((mode for mode in figure if mode in VERL_MODES), VERL_COLOCATE)
+        verl = figure.get(reference)
+        name = "verl colocate_async" if reference == VERL_COLOCATE else reference
         return (f"{figure['count']} in {figure['runs']} run{'s' if figure['runs'] != 1 else ''} "
-                f"(verl colocate_async: {'not run' if verl is None else verl})")
+                f"({name}: {'not run' if verl is None else verl})")
     if "mean" in figure:
         return _fmt_interval(figure, pct=bool(goal.get("kind")))
     return "; ".join(f"{k} {_fmt_interval(v)}" for k, v in figure.items())

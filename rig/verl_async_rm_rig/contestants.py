@@ -113,8 +113,7 @@ RECOMMENDED = AGENT_COLOCATE
 # scored) groups as timing_s/gen; this package's strategies time the wait on rewards alone, as
 # timing_s/reward_wait (the mini-batch pipeline's takes, the pool's wait for due groups; older
 # trees: the pipeline's async_reward/blocked_s only).
-TRAINER_WAIT_KEY = {VERL_COLOCATE: "timing_s/gen", AGENT_COLOCATE: "timing_s/gen",
-                    VERL_COLOCATE_AHEAD: "timing_s/gen", AGENT_COLOCATE_AHEAD: "timing_s/gen"}
+TRAINER_WAIT_KEY = dict.fromkeys((VERL_COLOCATE, AGENT_COLOCATE, VERL_COLOCATE_AHEAD, AGENT_COLOCATE_AHEAD), "timing_s/gen")
 OWN_WAIT_KEYS = ("timing_s/reward_wait", "async_reward/blocked_s")
 # Issue 46: the agent's opt-in admission_order: deadline (verl_async_rm/engine/admission_order.py): when
 # the judge's throughput binds, queued requests start in the order the trainer needs them. A contestant's

@@ -1013,6 +1013,9 @@ def test_the_deeper_prefetch_window_is_judged_against_verls_reward_loop_with_the
     assert loop["figure"]["mean"] == pytest.approx(sum(17.0 / (18.0 + 0.1 * s) - 1 for s in range(3)) / 3, abs=1e-4)
     default = next(g for g in met if g["mode"] == AGENT_CO and g["kind"] == "loop_vs_verl")
     assert default["variant"] and default["figure"]["mean"] == pytest.approx(30.0 / 21.0 - 1, abs=1e-4)
+    # a judge's failure count names the run it is set beside
+    assert e2e.goal_figure({"figure": {"count": 0, "runs": 3, verl_ahead: 5}}) == f"0 in 3 runs ({verl_ahead}: 5)"
+    assert e2e.goal_figure({"figure": {"count": 0, "runs": 3, VERL: 7}}) == "0 in 3 runs (verl colocate_async: 7)"
     with pytest.raises(SystemExit):
         e2e.main(["--recommended", verl_ahead, "--dry-run"])
 

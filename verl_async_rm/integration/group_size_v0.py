@@ -15,5 +15,5 @@ class AgentLoopManagerWithGroupSizes(AgentLoopManager):
             sizes = rows_per_uid(list(prompts.non_tensor_batch["uid"]))
             prompts.non_tensor_batch[GROUP_SIZE_KEY] = np.array(sizes, dtype=np.int64)
             validate = bool(prompts.meta_info.get("validate", False))
-            prompts.non_tensor_batch[VALIDATION_KEY] = np.array([int(validate)] * len(sizes), dtype=np.int64)
+            prompts.non_tensor_batch[VALIDATION_KEY] = np.full(len(sizes), int(validate), dtype=np.int64)
         return super().generate_sequences(prompts)

@@ -12,8 +12,9 @@ stamp ``GROUP_SIZE_KEY``: every prompt column reaches the reward as a column of 
 ``main_ppo`` and verl's own entry point (``stock_entry``) select them (verl's
 ``agent_loop_manager_class``, ``select_group_size_manager``) when the ``async_agent`` manager scores
 inside the agent loop. They stamp whether the batch is validation too (``VALIDATION_KEY``), which
-verl's trainers say to the agent-loop manager only. v1's worker also tells the agent when a session ends without a sample (its
-rollout failed), so the group closes without it at once (``group_size_v1``). This module is light:
+verl's trainers say to the agent-loop manager only. v1's worker also tells the agent when a session
+ends without a sample (its rollout failed), so the group closes without it at once
+(``group_size_v1``). This module is light:
 the entry point imports it before verl.
 """
 
