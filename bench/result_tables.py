@@ -23,6 +23,7 @@ from bench.e2e import (  # noqa: E402
     RECOMMENDED,
     STOCK,
     VERL_COLOCATE,
+    VERL_MODES,
     admission_goals,
     admission_table,
     anchor_goals,
@@ -73,7 +74,7 @@ def e2e_report(path: Path) -> dict:
     report = json.loads(path.read_text())
     report["timing"] = timing_table(report["records"])
     report["goals"] = goals(report["timing"], report["learning"], report["comparisons"])
-    if report.get("recommended") and any(r["mode"] == VERL_COLOCATE for r in report["records"]):
+    if report.get("recommended") and any(r["mode"] in VERL_MODES for r in report["records"]):  # as bench/e2e.py
         report["goals"] += anchor_goals(report["records"], report["recommended"])  # issue 43's (bench/e2e.py --anchor)
     if "admission" in report:  # issue 46's A/B (bench/e2e.py --admission-ab)
         report["admission"] = admission_table(report["records"])
