@@ -111,8 +111,9 @@ RUNS = {
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"], multi_output=True, validate=True),
 }
 STRATEGY_RUNS = [r for r in RUNS if not r[1].startswith("baseline")]
-# The staleness pool, one batch ahead, fed while generating; a wide latency spread (0-6 s per
-# sample, a group's is its slowest) so that some group is still out when its step begins.
+# The staleness pool's flags, which every pool run below starts from: one batch ahead, fed while generating;
+# a wide latency spread (0-6 s per sample, a group's is its slowest) so that some group is still out when
+# its step begins.
 POOL = dict(flags=["off_policy_steps=1", "max_staleness=1", f"reward.custom_reward_function.path={TOY}",
                    "reward.custom_reward_function.name=compute_score_with_latency",
                    "+reward.custom_reward_function.reward_kwargs={latency_lo:0.0,latency_hi:6.0,fail:false}"])
