@@ -41,12 +41,6 @@ CONTESTANTS = {
     "both": "`async_agent` + mini-batch pipeline + one step ahead",
     "tail_auto": "`async_agent` + the staleness pool (`max_staleness: auto`)",
 }
-# The deeper prefetch window's benchmark (its own start-up groups, so a table of its own).
-AHEAD_CONTESTANTS = {
-    "baseline": CONTESTANTS["baseline"],
-    "verl_colocate_async_ahead": "verl `colocate_async`, window 2, its reward loop",
-    "colocate_async_agent_ahead": "verl `colocate_async`, window 2, + `async_agent`",
-}
 
 
 def _load(name: str) -> dict | None:
@@ -72,7 +66,7 @@ def _section(title: str, source: str, figures: dict | None, body: str) -> str:
     return f"## {title}\n\n`bench/results/{source}`, made by `{command}`.\n\n{body}\n"
 
 
-def anchor_table(report: dict, contestants: dict[str, str] = CONTESTANTS) -> str:
+def anchor_table(report: dict) -> str:
     """The README's one table: per regime and contestant, the training-loop time, the reward wait the trainer
     itself timed beyond its zero-latency bound, the judge's 429s, samples trained on a failed call's 0, and
     learning: the figures of the report's own rows (``e2e_report``: medians over seeds)."""
@@ -92,7 +86,7 @@ def anchor_table(report: dict, contestants: dict[str, str] = CONTESTANTS) -> str
 
     timing = [row for row in report["timing"] if row["trainer"] == "v1" and row["regime"] != "zero"]
     for regime in dict.fromkeys(row["regime"] for row in timing):
-        for mode, name in contestants.items():
+        for mode, name in CONTESTANTS.items():
             row = next((r for r in timing if r["regime"] == regime and r["mode"] == mode), None)
             if row is None:
                 continue
@@ -166,20 +160,18 @@ def page() -> str:
     return "\n".join(part for part in parts if part)
 
 
-def against_verl(report: dict, contestants: dict[str, str] = CONTESTANTS,
-                 reference: str = "verl's `colocate_async` with its reward loop") -> str:
+def against_verl(report: dict) -> str:
     """One sentence per regime: each configuration's loop time against verl's colocate_async with its own
-    reward loop (the same window: ``reference``), paired within a seed (the report's ``loop_vs_verl`` goals:
-    mean and 95% interval)."""
+    reward loop, paired within a seed (the report's ``loop_vs_verl`` goals: mean and 95% interval)."""
     rows = [g for g in report.get("goals", []) if g.get("kind") == "loop_vs_verl" and g["trainer"] == "v1"]
     parts = []
     for regime in dict.fromkeys(g["regime"] for g in rows):
-        cells = [f"{contestants.get(g['mode'], g['mode'])} {g['figure']['mean']:+.1%} "
+        cells = [f"{CONTESTANTS.get(g['mode'], g['mode'])} {g['figure']['mean']:+.1%} "
                  f"[{g['figure']['low']:+.1%}, {g['figure']['high']:+.1%}]" for g in rows if g["regime"] == regime]
         parts.append(f"{regime}: " + "; ".join(cells))
     if not parts:
         return ""
-    return (f"Loop time against {reference}, paired within a seed (mean, 95% "
+    return ("Loop time against verl's `colocate_async` with its reward loop, paired within a seed (mean, 95% "
             "interval): " + " · ".join(parts) + ".\n")
 
 
@@ -194,22 +186,7 @@ def readme_block() -> str:
             "\"trained on a failed call's 0\" summed over them "
             f"(`bench/results/{ANCHOR.name}`: `{anchor.get('command', '')}`); \"—\": not measured there (stock `sync` "
             "scores inside generation, so its whole wait is in its loop time; only `judge_real` has a judge that answers "
-            "429). Every figure, interval and goal: [docs/results.md](docs/results.md).\n" + ahead_block())
-
-
-def ahead_block() -> str:
-    """The deeper prefetch window (``trainer.v1.colocate_async.num_warmup_batches=2``), both reward paths:
-    its own table, from its own benchmark (other start-up groups than the table above: not paired with it)."""
-    ahead = _load(ANCHOR_AHEAD.name)
-    if ahead is None:
-        return ""
-    report = e2e_report(ANCHOR_AHEAD)
-    seeds = len({r["seed"] for r in ahead["records"] if r["regime"] != "zero"})
-    paired = against_verl(report, AHEAD_CONTESTANTS, "verl's `colocate_async` with the same window and its reward loop")
-    return (f"\nverl's prefetch window one batch deeper (`trainer.v1.colocate_async.num_warmup_batches=2`, \"window 2\"), "
-            f"its own benchmark (medians over {seeds} seeds, `bench/results/{ANCHOR_AHEAD.name}`: "
-            f"`{ahead.get('command', '')}`):\n\n"
-            f"{anchor_table(report, AHEAD_CONTESTANTS)}\n{paired}")
+            "429). Every figure, interval and goal: [docs/results.md](docs/results.md).\n")
 
 
 def suite_time_block() -> str:
