@@ -51,7 +51,7 @@ def shared(endpoint, **more):
 
 
 def test_two_jobs_hold_the_cap_together(ray_session):
-    service = Service()
+    service = Service(latency=0.1)  # 100 calls 4 at a time: 2.5 s, so a job that starts late still overlaps
     config = shared("t-cap")
     with RewardAgent(service.reward("a"), config) as a, RewardAgent(service.reward("b"), config) as b:
         ta, tb = a.submit([{"solution_str": "x"}] * 100), b.submit([{"solution_str": "x"}] * 100)
