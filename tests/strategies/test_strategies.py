@@ -409,9 +409,9 @@ def test_pipeline_in_verls_mini_batch_order_ends_with_the_baselines_parameters(r
     assert max((base[k] - pipe[k]).abs().max().item() for k in base) <= 1e-6
     for step in range(1, last + 1):  # the same generations (after step 1: from equal weights)
         assert Counter(r["output"] for r in dumped(base_dir)[step]) == Counter(r["output"] for r in dumped(pipe_dir)[step])
-    base = parameters(base_dir, 2)
+    base_at_2 = base if last == 2 else parameters(base_dir, 2)
     other = parameters(runs["v0", "baseline_e2" if epochs == 1 else "baseline"][0], 2)
-    assert max((base[k] - other[k]).abs().max().item() for k in base) > 1e-3  # one more epoch shows
+    assert max((base_at_2[k] - other[k]).abs().max().item() for k in base_at_2) > 1e-3  # one more epoch shows
 
 
 def test_merged_update_calls_end_with_the_baselines_parameters(runs):
